@@ -1,0 +1,128 @@
+"""Chart builders for the monitoring pages: plain functions from DataFrames to Plotly figures.
+
+No Streamlit here, so each builder is tested on its own. Time axes are UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from storage.names import METRICS
+
+PALETTE = ("#2563eb", "#f97316", "#dc2626", "#16a34a", "#9333ea", "#0891b2")
+QUANTILE_COLORS = {"p50": "#2563eb", "p95": "#f97316", "p99": "#dc2626"}
+
+
+def _times(index: pd.Index) -> pd.DatetimeIndex:
+    return pd.to_datetime(index.to_numpy(), unit="s", utc=True)
+
+
+def _layout(fig: go.Figure, title: str, y_title: str, percent: bool = False) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.0, "font": {"size": 15}},
+        height=280,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        legend={"orientation": "h", "y": -0.2},
+        hovermode="x unified",
+        xaxis_title="time (UTC)",
+        yaxis_title=y_title,
+        template="plotly_white",
+    )
+    if percent:
+        fig.update_yaxes(tickformat=".0%", rangemode="tozero")
+    else:
+        fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def timeseries(
+    frame: pd.DataFrame,
+    columns: Mapping[str, str],
+    title: str,
+    y_title: str,
+    percent: bool = False,
+    secondary: Mapping[str, str] | None = None,
+) -> go.Figure:
+    """Lines for `columns` ({column: legend label}); `secondary` ones on a right axis.
+
+    Gauges are drawn as steps: a stored value holds until the next one.
+    """
+    fig = go.Figure()
+    x = _times(frame.index)
+    for i, (col, label) in enumerate(columns.items()):
+        if col in frame:
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=frame[col],
+                    name=label,
+                    mode="lines",
+                    line={"color": PALETTE[i % len(PALETTE)], "shape": "hv"},
+                )
+            )
+    for j, (col, label) in enumerate((secondary or {}).items()):
+        if col in frame:
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=frame[col],
+                    name=label,
+                    mode="lines",
+                    yaxis="y2",
+                    line={
+                        "color": PALETTE[(j + len(columns)) % len(PALETTE)],
+                        "dash": "dot",
+                        "shape": "hv",
+                    },
+                )
+            )
+    if secondary:
+        fig.update_layout(
+            yaxis2={
+                "overlaying": "y",
+                "side": "right",
+                "rangemode": "tozero",
+                "showgrid": False,
+                "title": ", ".join(secondary.values()),
+            }
+        )
+    return _layout(fig, title, y_title, percent)
+
+
+def quantile_chart(frame: pd.DataFrame, histogram: str) -> go.Figure:
+    """p50/p95/p99 of one latency histogram over time."""
+    m = METRICS[histogram]
+    fig = go.Figure()
+    x = _times(frame.index)
+    for col, color in QUANTILE_COLORS.items():
+        if col in frame:
+            fig.add_trace(
+                go.Scatter(x=x, y=frame[col], name=col, mode="lines", line={"color": color})
+            )
+    return _layout(fig, f"{m.title} ({histogram.upper()})", f"seconds ({m.unit})")
+
+
+def ratio_chart(frames: Mapping[str, pd.DataFrame], alert_at: float | None = None) -> go.Figure:
+    """The p99/p50 ratio of every latency histogram: the tail drifting away from the median."""
+    fig = go.Figure()
+    for i, (h, frame) in enumerate(frames.items()):
+        if "ratio" in frame:
+            fig.add_trace(
+                go.Scatter(
+                    x=_times(frame.index),
+                    y=frame["ratio"],
+                    mode="lines",
+                    name=h.upper(),
+                    line={"color": PALETTE[i % len(PALETTE)]},
+                )
+            )
+    if alert_at:
+        fig.add_hline(
+            y=alert_at,
+            line={"dash": "dash", "color": "#dc2626"},
+            annotation_text=f"ratio {alert_at:g}",
+        )
+    return _layout(fig, "Tail ratio p99 / p50", "ratio")

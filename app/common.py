@@ -1,0 +1,133 @@
+"""Shared console plumbing: settings, the cached store, cached reads and common widgets.
+
+Only `app/` imports Streamlit. Reads are cached briefly (`st.cache_data`) and keyed by the
+database URL, so several consoles or tests with different stores never mix.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pandas as pd
+import streamlit as st
+from sqlalchemy import Engine
+
+from storage import dashboards, queries
+from storage.db import open_store
+from storage.schemas import EventRow, RunRow, TargetRow
+from storage.settings import Settings
+
+WINDOWS: dict[str, float] = {
+    "15 minutes": 900,
+    "1 hour": 3600,
+    "6 hours": 6 * 3600,
+    "24 hours": 86400,
+    "7 days": 7 * 86400,
+    "30 days": 30 * 86400,
+}
+
+
+def settings() -> Settings:
+    """Settings from the environment (cheap; read per run so tests can switch stores)."""
+    return Settings()
+
+
+@st.cache_resource(show_spinner=False)
+def _store(url: str) -> Engine:
+    return open_store(url)
+
+
+def store() -> Engine:
+    """The database engine for the configured URL, created once per process."""
+    return _store(settings().db_url)
+
+
+def db_url() -> str:
+    """The configured database URL (the cache key of every read)."""
+    return settings().db_url
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def targets(url: str) -> list[TargetRow]:
+    """All targets."""
+    return queries.list_targets(_store(url))
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def overview(url: str) -> list[dashboards.OverviewRow]:
+    """Overview rows."""
+    return dashboards.overview(_store(url))
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def worker_status(url: str) -> dashboards.WorkerStatus:
+    """Worker heartbeat and GPU state."""
+    return dashboards.worker_status(_store(url))
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def live(url: str, target_id: int, start: float, end: float) -> pd.DataFrame:
+    """The Live page frame."""
+    return dashboards.live(_store(url), target_id, start, end)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def tail(url: str, target_id: int, start: float, end: float) -> dict[str, pd.DataFrame]:
+    """The Tail page frames."""
+    return dashboards.tail(_store(url), target_id, start, end)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def events(url: str, start: float, end: float, target_id: int | None = None) -> list[EventRow]:
+    """Events in a window."""
+    return queries.events(_store(url), start, end, target_id)
+
+
+def run(url: str, run_id: int) -> RunRow:
+    """A run, uncached: pages poll it for progress."""
+    return queries.get_run(_store(url), run_id)
+
+
+def window_now(seconds: float, refresh_s: float) -> tuple[float, float]:
+    """[start, end] of a trailing window, `end` rounded so cached reads are shared."""
+    end = float(int(time.time() / refresh_s) * refresh_s)
+    return end - seconds, end
+
+
+def target_picker(rows: list[TargetRow], key: str) -> TargetRow | None:
+    """A select box of targets remembered per user; None (with a hint) when there are none."""
+    if not rows:
+        st.info("No targets yet. Add a vLLM engine on the **Targets** page.")
+        return None
+    names = [r.name for r in rows]
+    chosen = st.session_state.get("target")
+    index = names.index(chosen) if chosen in names else 0
+    name = st.selectbox("Target", names, index=index, key=key)
+    st.session_state["target"] = name
+    return rows[names.index(name)]
+
+
+def window_picker(key: str, default: str = "15 minutes") -> tuple[str, float]:
+    """A window selector: 15 minutes to 30 days."""
+    label = st.selectbox("Window", list(WINDOWS), index=list(WINDOWS).index(default), key=key)
+    return label, WINDOWS[label]
+
+
+def age(ts: float | None) -> str:
+    """'12 s ago' style age of a timestamp."""
+    if ts is None:
+        return "never"
+    s = max(0.0, time.time() - ts)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def worker_banner() -> None:
+    """Warn when no worker is writing: every page would otherwise look frozen."""
+    status = worker_status(db_url())
+    if not status.alive:
+        st.warning(status.message, icon="⚠️")

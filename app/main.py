@@ -1,0 +1,21 @@
+"""Streamlit entry point: page navigation. Run with `kvscope console` (or `kvscope up`)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.views import live, overview, tail, targets
+
+st.set_page_config(page_title="kvscope", page_icon="📈", layout="wide")
+
+pages = {
+    "Monitor": [
+        st.Page(overview.render, title="Overview", url_path="overview", default=True),
+        st.Page(live.render, title="Live", url_path="live"),
+        st.Page(tail.render, title="Tail", url_path="tail"),
+    ],
+    "Configure": [
+        st.Page(targets.render, title="Targets", url_path="targets"),
+    ],
+}
+st.navigation(pages).run()

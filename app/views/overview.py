@@ -1,0 +1,98 @@
+"""Overview page: every target's health, KV usage, queues, preemptions and tail at a glance."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import streamlit as st
+
+from app import common
+
+REFRESH_S = 5.0
+
+
+@st.fragment(run_every=REFRESH_S)
+def _panel() -> None:
+    url = common.db_url()
+    rows = common.overview(url)
+    status = common.worker_status(url)
+    if not status.alive:
+        st.warning(status.message, icon="⚠️")
+    if not rows:
+        st.info(
+            "No targets yet. Add a vLLM engine URL on the **Targets** page, "
+            "or run `kvscope target add NAME URL`."
+        )
+    else:
+        table = pd.DataFrame(
+            [
+                {
+                    "target": r.name,
+                    "health": r.health,
+                    "KV usage": r.kv_usage,
+                    "running": r.running,
+                    "waiting": r.waiting,
+                    "preemptions/s (5 min)": r.preemptions_per_s,
+                    "TTFT p99 s (5 min)": r.ttft_p99_s,
+                    "ITL p99 s (5 min)": r.itl_p99_s,
+                    "KV blocks": r.num_gpu_blocks,
+                    "model": r.model_name,
+                    "last scrape": common.age(r.last_scrape_at),
+                    "message": r.health_message or "",
+                }
+                for r in rows
+            ]
+        )
+        st.dataframe(
+            table,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "KV usage": st.column_config.ProgressColumn(
+                    "KV usage",
+                    min_value=0.0,
+                    max_value=1.0,
+                    format="percent",
+                    help="vllm:kv_cache_usage_perc, latest scrape",
+                ),
+                "preemptions/s (5 min)": st.column_config.NumberColumn(format="%.3f"),
+                "TTFT p99 s (5 min)": st.column_config.NumberColumn(
+                    format="%.3f", help="from vLLM's histogram over the last 5 minutes"
+                ),
+                "ITL p99 s (5 min)": st.column_config.NumberColumn(format="%.4f"),
+            },
+        )
+        down = [r for r in rows if r.health == "down"]
+        for r in down:
+            st.error(f"**{r.name}** is down: {r.health_message}")
+    st.caption(f"GPUs on the worker's host: {status.gpu_message}")
+    if status.gpus:
+        st.dataframe(pd.DataFrame(status.gpus), hide_index=True)
+    now = time.time()
+    evs = common.events(url, now - 3600, now + 1)
+    st.subheader("Events, last hour")
+    if evs:
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "time": common.age(e.ts),
+                        "severity": e.severity,
+                        "kind": e.kind,
+                        "message": e.message,
+                    }
+                    for e in evs[:50]
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+    else:
+        st.caption("No events in the last hour.")
+
+
+def render() -> None:
+    """Draw the page."""
+    st.title("Overview")
+    _panel()

@@ -1,0 +1,51 @@
+"""The one error tree of kvscope; every room raises these, pages and the CLI catch the base.
+
+KvscopeError                 base: message is safe to show a user as is
+├── InvalidInput             bad input refused at the edge (config, CLI flag, form field)
+│   └── UnknownChoice        a name that is not in a catalog (preset, GPU, dtype)
+├── NotFound                 a stored thing (target, run, spec) that does not exist
+├── TargetError              a target could not be reached or did not answer as vLLM
+│   └── NotPrometheusText    the body is not Prometheus exposition text
+├── StorageError             the database refused or is locked beyond the busy timeout
+└── EngineError              the managed engine could not be started, stopped or found
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class KvscopeError(Exception):
+    """Base of every error a user may see; ``str(err)`` is the one-line message."""
+
+
+class InvalidInput(KvscopeError):
+    """Input refused before anything runs."""
+
+
+class UnknownChoice(InvalidInput):
+    """A name that is not among the valid choices; the message lists them."""
+
+    def __init__(self, what: str, name: str, choices: Iterable[str]) -> None:
+        self.what, self.name, self.choices = what, name, sorted(choices)
+        super().__init__(f"unknown {what} {name!r}; valid choices: {', '.join(self.choices)}")
+
+
+class NotFound(KvscopeError):
+    """A stored object that does not exist."""
+
+
+class TargetError(KvscopeError):
+    """A target could not be reached, timed out, or answered with an error."""
+
+
+class NotPrometheusText(TargetError):
+    """The target answered, but not with Prometheus text (an HTML page, JSON, garbage)."""
+
+
+class StorageError(KvscopeError):
+    """The store could not be read or written."""
+
+
+class EngineError(KvscopeError):
+    """The managed engine could not be started, stopped or inspected."""

@@ -1,0 +1,157 @@
+"""What each console page shows, computed in one call per page: plain data, no Streamlit.
+
+Pages stay thin: they pick a target and a window, call one function here, and render.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+from sqlalchemy import Engine
+
+from storage import derived as d
+from storage import queries as q
+from storage.names import LATENCY_HISTOGRAMS
+
+SUMMARY_WINDOW_S = 300.0
+HEARTBEAT_STALE_S = 20.0
+
+
+class OverviewRow(BaseModel):
+    """One target on the Overview page."""
+
+    name: str
+    base_url: str
+    health: str
+    health_message: str | None
+    model_name: str | None
+    kv_usage: float | None
+    running: float | None
+    waiting: float | None
+    preemptions_per_s: float | None
+    ttft_p99_s: float | None
+    itl_p99_s: float | None
+    num_gpu_blocks: int | None
+    block_size: int | None
+    last_scrape_at: float | None
+
+
+class WorkerStatus(BaseModel):
+    """Is a worker alive, and what does it say about GPUs."""
+
+    alive: bool
+    message: str
+    gpu_available: bool
+    gpu_message: str
+    gpus: list[dict[str, Any]]
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or np.isnan(x) else float(x)
+
+
+def overview(engine: Engine, now: float | None = None) -> list[OverviewRow]:
+    """Every target with its latest gauges and its last five minutes of rates and tails."""
+    now = time.time() if now is None else now
+    rows = []
+    grid = d.point_grid(now, SUMMARY_WINDOW_S)
+    for t in q.list_targets(engine):
+        latest = {
+            m: d.gauge(engine, t.id, m, grid).iloc[-1] for m in ("kv_usage", "running", "waiting")
+        }
+        pre = d.rate(engine, t.id, "preemptions_total", grid, SUMMARY_WINDOW_S).iloc[-1]
+        ttft = d.quantiles(engine, t.id, "ttft", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
+        itl = d.quantiles(engine, t.id, "itl", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
+        rows.append(
+            OverviewRow(
+                name=t.name,
+                base_url=t.base_url,
+                health=t.health,
+                health_message=t.health_message,
+                model_name=t.model_name,
+                kv_usage=_num(latest["kv_usage"]),
+                running=_num(latest["running"]),
+                waiting=_num(latest["waiting"]),
+                preemptions_per_s=_num(pre),
+                ttft_p99_s=_num(ttft),
+                itl_p99_s=_num(itl),
+                num_gpu_blocks=t.num_gpu_blocks,
+                block_size=t.block_size,
+                last_scrape_at=t.last_scrape_at,
+            )
+        )
+    return rows
+
+
+def live(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
+    """The Live page's series on one grid: KV usage, free blocks, queues, rates, hit rate."""
+    grid = d.make_grid(start, end)
+    target = q.get_target(engine, str(target_id))
+    frame = pd.DataFrame(index=pd.Index(grid.points, name="ts"))
+    for m in ("kv_usage", "running", "waiting"):
+        frame[m] = d.gauge(engine, target_id, m, grid).to_numpy()
+    if target.num_gpu_blocks:
+        # vLLM: usage = 1 - free / (num_blocks - 1); one block is the reserved null block.
+        frame["free_blocks"] = (1.0 - frame["kv_usage"]) * (target.num_gpu_blocks - 1)
+    else:
+        frame["free_blocks"] = np.nan
+    for col, counter in (
+        ("preemptions_per_s", "preemptions_total"),
+        ("prompt_tokens_per_s", "prompt_tokens_total"),
+        ("generation_tokens_per_s", "generation_tokens_total"),
+        ("requests_per_s", "requests_finished_total"),
+    ):
+        frame[col] = d.rate(engine, target_id, counter, grid).to_numpy()
+    hits = d.rate(engine, target_id, "prefix_cache_hits_total", grid).to_numpy()
+    queries = d.rate(engine, target_id, "prefix_cache_queries_total", grid).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["prefix_hit_rate"] = np.where(queries > 0, hits / queries, np.nan)
+    frame.attrs.update(
+        resolution=grid.resolution, step=grid.step, rate_window_s=d.rate_window(grid)
+    )
+    return frame
+
+
+def tail(
+    engine: Engine, target_id: int, start: float, end: float, window_s: float | None = None
+) -> dict[str, pd.DataFrame]:
+    """p50/p95/p99 and p99/p50 over time for each latency histogram."""
+    grid = d.make_grid(start, end)
+    out = {}
+    for h in LATENCY_HISTOGRAMS:
+        frame = d.quantiles(engine, target_id, h, grid, window_s)
+        frame.index.name = "ts"
+        frame.attrs.update(
+            resolution=grid.resolution, step=grid.step, window_s=window_s or max(300.0, grid.step)
+        )
+        out[h] = frame
+    return out
+
+
+def worker_status(engine: Engine, now: float | None = None) -> WorkerStatus:
+    """Whether a worker heartbeat is fresh, and the GPU state it published."""
+    now = time.time() if now is None else now
+    hb = q.get_state(engine, "worker")
+    gpu = q.get_state(engine, "gpu")
+    alive = bool(hb and hb[0].get("running") and now - hb[1] < HEARTBEAT_STALE_S)
+    if alive:
+        message = f"worker running (pid {hb[0].get('pid')})" if hb else ""
+    elif hb is None:
+        message = "no worker has run against this database yet: start `kvscope worker`"
+    else:
+        message = (
+            f"worker not running: last heartbeat {now - hb[1]:.0f} s ago; "
+            "start `kvscope worker` (or `kvscope up`)"
+        )
+    gv = gpu[0] if gpu else {}
+    return WorkerStatus(
+        alive=alive,
+        message=message,
+        gpu_available=bool(gv.get("available")),
+        gpu_message=str(gv.get("message", "GPU state unknown (no worker)")),
+        gpus=list(gv.get("gpus", [])),
+    )

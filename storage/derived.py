@@ -1,0 +1,230 @@
+"""Query-time derivations: gauges on a time grid, reset-aware rates, sliding-window quantiles.
+
+Stored values are carried forward to each grid point (last observation, as long as it is
+no older than a staleness bound), counters are corrected for resets first (an engine
+restart starts them at zero), and label sets are combined per the metric's rule. This is
+Prometheus' `rate()` and `histogram_quantile(sum by (le)(increase(...)))`, on our store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Engine
+
+from planner.stats import histogram_quantiles
+from storage.ingest import HEARTBEAT_S
+from storage.names import METRICS, QUANTILES, Kind
+from storage.queries import series_points
+
+RAW_MAX_WINDOW_S = 6 * 3600
+MINUTE_MAX_WINDOW_S = 2 * 86400
+MAX_POINTS = 720
+# A carried-forward raw value older than this is a gap (target down), not a value.
+STALE_RAW_S = 2.5 * HEARTBEAT_S
+
+
+def choose_resolution(window_s: float) -> int:
+    """Raw samples up to 6 h, 1-minute rollups up to 2 days, 1-hour rollups beyond."""
+    if window_s <= RAW_MAX_WINDOW_S:
+        return 0
+    if window_s <= MINUTE_MAX_WINDOW_S:
+        return 60
+    return 3600
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Evaluation times for a chart: `points` ends at `end`, `step` apart."""
+
+    start: float
+    end: float
+    step: float
+    resolution: int
+
+    @property
+    def points(self) -> np.ndarray:
+        n = max(1, math.floor((self.end - self.start) / self.step) + 1)
+        return self.end - self.step * np.arange(n)[::-1]
+
+    @property
+    def stale_s(self) -> float:
+        return STALE_RAW_S if self.resolution == 0 else 2.5 * self.resolution
+
+
+def make_grid(
+    start: float, end: float, min_step: float = 2.0, max_points: int = MAX_POINTS
+) -> Grid:
+    """A grid for [start, end] at the resolution chosen from the window length."""
+    if end <= start:
+        raise ValueError("window end must be after its start")
+    res = choose_resolution(end - start)
+    step = max(float(res), min_step, (end - start) / max_points)
+    return Grid(start, end, step, res)
+
+
+def point_grid(at: float, window_s: float) -> Grid:
+    """A one-point grid: the value at `at` over a trailing window (for summaries)."""
+    return Grid(at, at, max(window_s, 1.0), choose_resolution(window_s))
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Series:
+    labels_key: str
+    ts: np.ndarray
+    values: np.ndarray
+
+
+def _load(
+    engine: Engine, target_id: int, name: str, grid: Grid, lookback: float, cumulative: bool
+) -> list[_Series]:
+    """The stored points of every label set of one series name, reset-corrected if cumulative."""
+    res = grid.resolution
+    frame = series_points(
+        engine, target_id, [name], grid.start - lookback - grid.stale_s, grid.end, res
+    )
+    out = []
+    for (_, lk), g in frame.groupby(["series_id", "labels_key"], sort=False):
+        if res == 0:
+            ts, v = g["ts"].to_numpy(float), g["value"].to_numpy(float)
+        else:  # a rollup holds the state at the end of its bucket
+            ts = g["ts"].to_numpy(float) + res
+            v = g["last" if cumulative else "avg"].to_numpy(float)
+        if cumulative and len(v) > 1:
+            drops = np.diff(v) < 0
+            v = v + np.concatenate([[0.0], np.cumsum(np.where(drops, v[:-1], 0.0))])
+        out.append(_Series(str(lk), ts, v))
+    return out
+
+
+def _at(series: _Series, times: np.ndarray, stale: float) -> np.ndarray:
+    """Last value at or before each time, NaN where none is fresh enough."""
+    idx = np.searchsorted(series.ts, times, side="right") - 1
+    ok = idx >= 0
+    vals = np.full(len(times), np.nan)
+    vals[ok] = series.values[idx[ok]]
+    too_old = np.zeros(len(times), dtype=bool)
+    too_old[ok] = times[ok] - series.ts[idx[ok]] > stale
+    vals[too_old] = np.nan
+    return vals
+
+
+def _increase(
+    series: _Series, times: np.ndarray, w: float, stale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Increase of a reset-corrected counter over (t - w, t], and the span it covers.
+
+    The base is the value carried to t - w; when the series starts inside the window, its
+    first sample there is the base (so a new target has rates before a full window passed).
+    """
+    end = _at(series, times, stale)
+    base = _at(series, times - w, stale)
+    base_ts = times - w
+    missing = np.isnan(base)
+    if missing.any():
+        first = np.searchsorted(series.ts, times[missing] - w, side="right")
+        inside = first < len(series.ts)
+        idx = np.where(inside, first, 0)
+        ok = inside & (series.ts[idx] <= times[missing])
+        fill = np.full(missing.sum(), np.nan)
+        fill[ok] = series.values[idx[ok]]
+        base[missing] = fill
+        fill_ts = np.full(missing.sum(), np.nan)
+        fill_ts[ok] = series.ts[idx[ok]]
+        base_ts[missing] = fill_ts
+    return end - base, times - base_ts
+
+
+def _combine(stack: list[np.ndarray], how: str) -> np.ndarray:
+    arr = np.vstack(stack)
+    present = ~np.isnan(arr)
+    any_present = present.any(axis=0)
+    total = np.where(present, arr, 0.0).sum(axis=0)
+    if how == "mean":
+        total = total / np.maximum(present.sum(axis=0), 1)
+    return np.where(any_present, total, np.nan)
+
+
+# --- derivations ---------------------------------------------------------------------------
+
+
+def gauge(engine: Engine, target_id: int, metric: str, grid: Grid) -> pd.Series:
+    """A gauge on the grid, label sets combined (KV usage averaged, queues summed)."""
+    m = METRICS[metric]
+    if m.kind is not Kind.GAUGE:
+        raise ValueError(f"{metric} is not a gauge")
+    times = grid.points
+    loaded = _load(engine, target_id, metric, grid, 0.0, cumulative=False)
+    if not loaded:
+        return pd.Series(np.full(len(times), np.nan), index=times, name=metric)
+    vals = _combine([_at(s, times, grid.stale_s) for s in loaded], m.combine)
+    return pd.Series(vals, index=times, name=metric)
+
+
+def rate_window(grid: Grid) -> float:
+    """The trailing window a rate is taken over: at least 4 raw steps or one rollup step."""
+    return max(grid.step, 30.0) if grid.resolution == 0 else grid.step
+
+
+def rate(
+    engine: Engine, target_id: int, counter: str, grid: Grid, window_s: float | None = None
+) -> pd.Series:
+    """Per-second increase of a counter over a trailing window at each grid point."""
+    if METRICS[counter].kind is not Kind.COUNTER:
+        raise ValueError(f"{counter} is not a counter")
+    w = window_s or rate_window(grid)
+    times = grid.points
+    loaded = _load(engine, target_id, counter, grid, w, cumulative=True)
+    if not loaded:
+        return pd.Series(np.full(len(times), np.nan), index=times, name=counter)
+    pairs = [_increase(s, times, w, grid.stale_s) for s in loaded]
+    inc = _combine([p[0] for p in pairs], "sum")
+    span = np.fmax.reduce(np.vstack([p[1] for p in pairs]), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(span > 0, np.maximum(inc, 0.0) / span, np.nan)
+    return pd.Series(value, index=times, name=counter)
+
+
+def quantiles(
+    engine: Engine,
+    target_id: int,
+    histogram: str,
+    grid: Grid,
+    window_s: float | None = None,
+    qs: tuple[float, ...] = QUANTILES,
+) -> pd.DataFrame:
+    """p50/p95/p99 (and p99/p50 ratio, request count) over a trailing window at each point.
+
+    Buckets of every label set are summed per `le` before the quantile, as
+    `histogram_quantile(q, sum by (le) (increase(h_bucket[w])))` does.
+    """
+    if METRICS[histogram].kind is not Kind.HISTOGRAM:
+        raise ValueError(f"{histogram} is not a histogram")
+    w = window_s or max(300.0, grid.step)
+    times = grid.points
+    loaded = _load(engine, target_id, f"{histogram}_bucket", grid, w, cumulative=True)
+    cols = [f"p{round(q * 100)}" for q in qs]
+    by_le: dict[float, list[np.ndarray]] = {}
+    for s in loaded:
+        le = float(json.loads(s.labels_key)["le"])
+        inc, _ = _increase(s, times, w, grid.stale_s)
+        by_le.setdefault(le, []).append(inc)
+    frame = pd.DataFrame(index=times, columns=[*cols, "ratio", "count"], dtype=float)
+    if not by_le or math.inf not in by_le:
+        return frame
+    les = np.array(sorted(by_le))
+    counts = np.column_stack([_combine(by_le[le], "sum") for le in les])
+    for q, col in zip(qs, cols, strict=True):
+        frame[col] = histogram_quantiles(q, les, counts)
+    frame["count"] = counts[:, -1]
+    if "p99" in frame and "p50" in frame:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frame["ratio"] = frame["p99"] / frame["p50"]
+    return frame

@@ -1,0 +1,147 @@
+"""Write scraped samples: resolve series ids, skip unchanged values, insert in one transaction.
+
+An unchanged value is stored again only when `heartbeat_s` has passed since it was last
+stored, so an idle engine costs a few rows a minute instead of one per scrape and per
+bucket. Readers carry the last value forward (see `storage/derived.py`), which is exact
+while the target is up; the heartbeat bounds how stale a carried value may be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.sql.dml import Insert
+
+from planner.errors import StorageError
+from storage.db import transaction
+from storage.tables import Sample, Series
+
+HEARTBEAT_S = 30.0
+
+
+class PointLike(Protocol):
+    """What the writer needs of a sample (the scraper's ParsedSample fits)."""
+
+    @property
+    def series(self) -> str: ...
+    @property
+    def labels(self) -> dict[str, str]: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def raw_name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Point:
+    """A plain sample for callers that do not come from the scraper (GPU, tests, benches)."""
+
+    series: str
+    labels: dict[str, str]
+    value: float
+    raw_name: str = ""
+    kind: str = "gauge"
+
+
+def labels_key(labels: dict[str, Any]) -> str:
+    """Canonical JSON of a label set."""
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+def insert_ignoring_duplicates(engine: Engine, table: Any) -> Insert:
+    """An INSERT that skips rows whose primary key already exists, on SQLite and PostgreSQL."""
+    if engine.dialect.name == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return insert(table)
+
+
+class SampleWriter:
+    """Keeps series ids and last stored values in memory; one instance per worker process."""
+
+    def __init__(self, engine: Engine, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.engine = engine
+        self.heartbeat_s = heartbeat_s
+        self._ids: dict[tuple[int, str, str], int] = {}
+        self._raw: dict[int, str] = {}
+        self._last: dict[int, tuple[float, float]] = {}
+        self._insert = insert_ignoring_duplicates(engine, Sample)
+
+    def write(self, target_id: int, points: Iterable[PointLike], ts: float) -> int:
+        """Store the points of one scrape taken at `ts`; return how many rows were written."""
+        pts = [p for p in points if not math.isnan(p.value)]
+        known_before = set(self._ids)
+        try:
+            with transaction(self.engine) as session:
+                ids = self._resolve(session, target_id, pts)
+                renamed = {
+                    sid: p.raw_name
+                    for p, sid in zip(pts, ids, strict=True)
+                    if p.raw_name and self._raw.get(sid) != p.raw_name
+                }
+                for sid, raw in renamed.items():
+                    session.execute(update(Series).where(Series.id == sid).values(raw_name=raw))
+                rows: list[dict[str, Any]] = []
+                for p, sid in zip(pts, ids, strict=True):
+                    last = self._last.get(sid)
+                    if last and last[1] == p.value and ts - last[0] < self.heartbeat_s:
+                        continue
+                    rows.append({"series_id": sid, "ts": ts, "value": p.value})
+                if rows:
+                    session.execute(self._insert, rows)
+        except OperationalError as err:
+            # Ids of series created in the rolled-back transaction do not exist.
+            for key in set(self._ids) - known_before:
+                del self._ids[key]
+            raise StorageError(f"could not write samples: {err.orig}") from err
+        self._raw.update(renamed)
+        # Only after the commit: a rolled-back write must not suppress the next one.
+        for row in rows:
+            self._last[int(row["series_id"])] = (ts, float(row["value"]))
+        return len(rows)
+
+    def forget_target(self, target_id: int) -> None:
+        """Drop cached ids of a removed target (its series were deleted with it)."""
+        for key in [k for k in self._ids if k[0] == target_id]:
+            sid = self._ids.pop(key)
+            self._last.pop(sid, None)
+            self._raw.pop(sid, None)
+
+    def _resolve(self, session: Any, target_id: int, pts: list[PointLike]) -> list[int]:
+        keys = [(target_id, p.series, labels_key(p.labels)) for p in pts]
+        missing = {k for k in keys if k not in self._ids}
+        if missing:
+            known = session.execute(
+                select(Series.id, Series.metric, Series.labels_key, Series.raw_name).where(
+                    Series.target_id == target_id
+                )
+            )
+            for sid, metric, lk, raw in known:
+                self._ids[(target_id, metric, lk)] = sid
+                self._raw[sid] = raw
+            by_key = {k: p for k, p in zip(keys, pts, strict=True)}
+            for key in sorted(k for k in missing if k not in self._ids):
+                p = by_key[key]
+                row = Series(
+                    target_id=target_id,
+                    metric=p.series,
+                    labels_key=key[2],
+                    labels=dict(p.labels),
+                    raw_name=p.raw_name,
+                    kind=p.kind,
+                )
+                session.add(row)
+                session.flush()
+                self._ids[key] = row.id
+                self._raw[row.id] = p.raw_name
+        return [self._ids[k] for k in keys]

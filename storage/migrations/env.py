@@ -1,0 +1,24 @@
+"""Alembic environment: runs against the engine handed over in `config.attributes`."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from storage.db import make_engine
+from storage.tables import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def run() -> None:
+    """Migrate online, using the caller's engine (or the URL given to the alembic CLI)."""
+    engine = config.attributes.get("engine") or make_engine(
+        config.get_main_option("sqlalchemy.url") or ""
+    )
+    with engine.begin() as conn:
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        context.run_migrations()
+
+
+run()

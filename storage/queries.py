@@ -1,0 +1,383 @@
+"""Reads and short writes on the store, returning plain data (pydantic rows, DataFrames).
+
+Pages and the CLI call these; nothing above `storage/` writes SQL. Time-series reads pick
+a table by resolution: raw samples, or 1-minute / 1-hour rollups.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+from pydantic import ValidationError
+from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from planner.errors import InvalidInput, NotFound
+from storage.db import session_factory, transaction
+from storage.schemas import EventRow, RunRow, TargetIn, TargetRow, validation_message
+from storage.tables import Event, ProbeRun, Rollup, Sample, Series, Target, WorkerState
+
+RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
+ACTIVE_STATES = ("queued", "running")
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def _target_row(t: Target) -> TargetRow:
+    return TargetRow.model_validate(t, from_attributes=True)
+
+
+def parse_target(data: dict[str, Any]) -> TargetIn:
+    """Validate user input for a target; InvalidInput with one line per bad field."""
+    try:
+        return TargetIn.model_validate(data)
+    except ValidationError as err:
+        raise InvalidInput(validation_message(err)) from err
+
+
+def add_target(engine: Engine, spec: TargetIn) -> TargetRow:
+    """Store a new target; its name must be free."""
+    try:
+        with transaction(engine) as s:
+            t = Target(**spec.model_dump())
+            s.add(t)
+            s.flush()
+            row = _target_row(t)
+    except IntegrityError as err:
+        raise InvalidInput(f"a target named {spec.name!r} already exists") from err
+    record_event(
+        engine, "target_added", f"target {spec.name} added ({spec.base_url})", target_id=row.id
+    )
+    return row
+
+
+def update_target(engine: Engine, name: str, spec: TargetIn) -> TargetRow:
+    """Change a target's settings; its history stays."""
+    try:
+        with transaction(engine) as s:
+            t = _find(s, name)
+            url_changed = t.base_url != spec.base_url
+            for key, value in spec.model_dump().items():
+                setattr(t, key, value)
+            if url_changed:
+                t.health, t.health_message, t.consecutive_failures = "unknown", None, 0
+            s.flush()
+            return _target_row(t)
+    except IntegrityError as err:
+        raise InvalidInput(f"a target named {spec.name!r} already exists") from err
+
+
+def remove_target(engine: Engine, name: str) -> None:
+    """Delete a target with its series, samples and events."""
+    with transaction(engine) as s:
+        t = _find(s, name)
+        s.delete(t)
+
+
+def list_targets(engine: Engine, enabled_only: bool = False) -> list[TargetRow]:
+    """All targets, by name."""
+    with session_factory(engine)() as s:
+        q = select(Target).order_by(Target.name)
+        if enabled_only:
+            q = q.where(Target.enabled.is_(True))
+        return [_target_row(t) for t in s.scalars(q)]
+
+
+def get_target(engine: Engine, name: str) -> TargetRow:
+    """One target by name (or numeric id)."""
+    with session_factory(engine)() as s:
+        return _target_row(_find(s, name))
+
+
+def _find(s: Session, name: str) -> Target:
+    cond = Target.name == name
+    if name.isdigit():
+        cond = or_(cond, Target.id == int(name))
+    t = s.scalars(select(Target).where(cond)).first()
+    if t is None:
+        known = ", ".join(s.scalars(select(Target.name).order_by(Target.name))) or "none"
+        raise NotFound(f"no target named {name!r}; known targets: {known}")
+    return t
+
+
+def set_target_health(
+    engine: Engine,
+    target_id: int,
+    *,
+    ok: bool,
+    message: str | None,
+    ts: float,
+    cache_info: dict[str, str] | None = None,
+    model_name: str | None = None,
+) -> tuple[str, str]:
+    """Record a scrape outcome; return (previous health, new health) for event decisions."""
+    with transaction(engine) as s:
+        t = s.get(Target, target_id)
+        if t is None:
+            raise NotFound(f"target {target_id} no longer exists")
+        before = t.health
+        t.last_scrape_at = ts
+        if ok:
+            t.health = "degraded" if message else "up"
+            t.health_message = message
+            t.consecutive_failures = 0
+            t.last_success_at = ts
+            if model_name:
+                t.model_name = model_name
+            if cache_info:
+                t.cache_info = dict(cache_info)
+                t.num_gpu_blocks = _int(cache_info.get("num_gpu_blocks"))
+                t.block_size = _int(cache_info.get("block_size"))
+                t.cache_dtype = cache_info.get("cache_dtype")
+        else:
+            t.health = "down"
+            t.health_message = message
+            t.consecutive_failures += 1
+        return before, t.health
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(float(v)) if v not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+def record_event(
+    engine: Engine,
+    kind: str,
+    message: str,
+    *,
+    target_id: int | None = None,
+    severity: str = "info",
+    data: dict[str, Any] | None = None,
+    ts: float | None = None,
+) -> None:
+    """Append one event."""
+    with transaction(engine) as s:
+        s.add(
+            Event(
+                ts=ts or time.time(),
+                target_id=target_id,
+                kind=kind,
+                severity=severity,
+                message=message,
+                data=data or {},
+            )
+        )
+
+
+def events(
+    engine: Engine,
+    start: float,
+    end: float,
+    target_id: int | None = None,
+    kinds: Sequence[str] | None = None,
+    limit: int = 1000,
+) -> list[EventRow]:
+    """Events in [start, end], newest first."""
+    with session_factory(engine)() as s:
+        q = select(Event).where(Event.ts >= start, Event.ts <= end)
+        if target_id is not None:
+            q = q.where(Event.target_id == target_id)
+        if kinds:
+            q = q.where(Event.kind.in_(kinds))
+        q = q.order_by(Event.ts.desc()).limit(limit)
+        return [EventRow.model_validate(e, from_attributes=True) for e in s.scalars(q)]
+
+
+# --- time series ---------------------------------------------------------------------------
+
+
+def series_points(
+    engine: Engine,
+    target_id: int,
+    names: Iterable[str],
+    start: float,
+    end: float,
+    resolution: int = 0,
+) -> pd.DataFrame:
+    """Stored points of a target's series in [start, end].
+
+    Columns: series_id, metric, labels_key, ts, value (raw), or ts, min, max, avg, last,
+    count (rollups, `ts` = bucket start).
+    """
+    names = list(names)
+    if resolution == 0:
+        q: Any = (
+            select(Series.id, Series.metric, Series.labels_key, Sample.ts, Sample.value)
+            .join(Series, Series.id == Sample.series_id)
+            .where(
+                Series.target_id == target_id,
+                Series.metric.in_(names),
+                Sample.ts >= start,
+                Sample.ts <= end,
+            )
+            .order_by(Sample.series_id, Sample.ts)
+        )
+    else:
+        q = (
+            select(
+                Series.id,
+                Series.metric,
+                Series.labels_key,
+                Rollup.ts,
+                Rollup.min,
+                Rollup.max,
+                Rollup.avg,
+                Rollup.last,
+                Rollup.count,
+            )
+            .join(Series, Series.id == Rollup.series_id)
+            .where(
+                Series.target_id == target_id,
+                Series.metric.in_(names),
+                Rollup.resolution == resolution,
+                Rollup.ts >= start,
+                Rollup.ts <= end,
+            )
+            .order_by(Rollup.series_id, Rollup.ts)
+        )
+    with engine.connect() as conn:
+        rows = conn.execute(q).all()
+    cols = ["series_id", "metric", "labels_key", "ts"] + (
+        ["value"] if resolution == 0 else ["min", "max", "avg", "last", "count"]
+    )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def count_samples(engine: Engine, target_id: int | None = None) -> int:
+    """How many raw samples are stored (for one target)."""
+    with engine.connect() as conn:
+        q = select(func.count()).select_from(Sample)
+        if target_id is not None:
+            q = q.join(Series, Series.id == Sample.series_id).where(Series.target_id == target_id)
+        return int(conn.execute(q).scalar_one())
+
+
+# --- work requests (probe runs) ------------------------------------------------------------
+
+
+def request_run(
+    engine: Engine, kind: str, params: dict[str, Any] | None = None, target_id: int | None = None
+) -> RunRow:
+    """Queue a unit of work for the worker; the console's only way to make things happen."""
+    with transaction(engine) as s:
+        run = ProbeRun(kind=kind, params=params or {}, target_id=target_id, status="queued")
+        s.add(run)
+        s.flush()
+        return RunRow.model_validate(run, from_attributes=True)
+
+
+def get_run(engine: Engine, run_id: int) -> RunRow:
+    """One run by id."""
+    with session_factory(engine)() as s:
+        run = s.get(ProbeRun, run_id)
+        if run is None:
+            raise NotFound(f"no probe run with id {run_id}")
+        return RunRow.model_validate(run, from_attributes=True)
+
+
+def list_runs(engine: Engine, kind: str | None = None, limit: int = 100) -> list[RunRow]:
+    """Newest runs first."""
+    with session_factory(engine)() as s:
+        q = select(ProbeRun).order_by(ProbeRun.id.desc()).limit(limit)
+        if kind:
+            q = q.where(ProbeRun.kind == kind)
+        return [RunRow.model_validate(r, from_attributes=True) for r in s.scalars(q)]
+
+
+def claim_next_run(engine: Engine, kinds: Sequence[str]) -> RunRow | None:
+    """Atomically move the oldest queued run of a handled kind to `running`."""
+    with transaction(engine) as s:
+        run = s.scalars(
+            select(ProbeRun)
+            .where(ProbeRun.status == "queued", ProbeRun.kind.in_(kinds))
+            .order_by(ProbeRun.id)
+            .limit(1)
+        ).first()
+        if run is None:
+            return None
+        claimed = s.execute(
+            update(ProbeRun)
+            .where(ProbeRun.id == run.id, ProbeRun.status == "queued")
+            .values(status="running", started_at=time.time())
+        ).rowcount  # type: ignore[attr-defined]
+        if not claimed:
+            return None
+        s.refresh(run)
+        return RunRow.model_validate(run, from_attributes=True)
+
+
+def fail_unknown_runs(engine: Engine, kinds: Sequence[str]) -> int:
+    """Fail queued runs no handler exists for, so they do not wait forever."""
+    with transaction(engine) as s:
+        runs = s.scalars(
+            select(ProbeRun).where(ProbeRun.status == "queued", ProbeRun.kind.not_in(kinds))
+        ).all()
+        for run in runs:
+            run.status, run.finished_at = "failed", time.time()
+            run.error = (
+                f"this worker has no handler for '{run.kind}' runs; "
+                f"it handles: {', '.join(sorted(kinds))}"
+            )
+        return len(runs)
+
+
+def update_run(engine: Engine, run_id: int, **values: Any) -> None:
+    """Write progress, summary or a final status of a run."""
+    if "status" in values and values["status"] not in RUN_STATES:
+        raise InvalidInput(f"unknown run status {values['status']!r}")
+    if values.get("status") in ("done", "failed", "cancelled", "interrupted"):
+        values.setdefault("finished_at", time.time())
+    with transaction(engine) as s:
+        s.execute(update(ProbeRun).where(ProbeRun.id == run_id).values(**values))
+
+
+def cancel_run(engine: Engine, run_id: int) -> None:
+    """Ask for a run to stop; a queued run is cancelled at once."""
+    with transaction(engine) as s:
+        run = s.get(ProbeRun, run_id)
+        if run is None:
+            raise NotFound(f"no probe run with id {run_id}")
+        if run.status == "queued":
+            run.status, run.finished_at = "cancelled", time.time()
+        elif run.status == "running":
+            run.cancel_requested = True
+
+
+def interrupt_running(engine: Engine, reason: str) -> int:
+    """Mark runs left `running` by a dead worker as interrupted."""
+    with transaction(engine) as s:
+        runs = s.scalars(select(ProbeRun).where(ProbeRun.status == "running")).all()
+        for run in runs:
+            run.status, run.error, run.finished_at = "interrupted", reason, time.time()
+        return len(runs)
+
+
+# --- worker state --------------------------------------------------------------------------
+
+
+def put_state(engine: Engine, key: str, value: dict[str, Any]) -> None:
+    """Publish a small fact (heartbeat, GPU state) for the console."""
+    with transaction(engine) as s:
+        row = s.get(WorkerState, key)
+        if row is None:
+            s.add(WorkerState(key=key, value=value, updated_at=time.time()))
+        else:
+            row.value, row.updated_at = value, time.time()
+
+
+def get_state(engine: Engine, key: str) -> tuple[dict[str, Any], float] | None:
+    """A published fact and when it was written."""
+    with session_factory(engine)() as s:
+        row = s.get(WorkerState, key)
+        return (dict(row.value), row.updated_at) if row else None

@@ -1,0 +1,54 @@
+"""kvscope's one settings model: read from `KVSCOPE_*` environment variables at the entry points.
+
+Nested fields use `__`, e.g. `KVSCOPE_RETENTION__RAW_HOURS=24`. Code below the entry points
+receives a `Settings` object and never reads the environment itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Retention(BaseModel):
+    """How long each resolution is kept."""
+
+    raw_hours: float = Field(48.0, gt=0, description="raw samples")
+    minute_days: float = Field(30.0, gt=0, description="1-minute rollups")
+    hour_days: float = Field(365.0, gt=0, description="1-hour rollups")
+
+
+class Settings(BaseSettings):
+    """Everything an operator may set; defaults run the embedded single-machine setup."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KVSCOPE_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    data_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".local" / "share" / "kvscope",
+        description="where the database, logs, models and engine caches live",
+    )
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default is a SQLite file in the data directory"
+    )
+    scrape_interval_s: float = Field(2.0, ge=0.2, le=60.0)
+    scrape_timeout_s: float = Field(3.0, gt=0, le=60.0)
+    gpu_interval_s: float = Field(5.0, ge=0.5, le=300.0)
+    rollup_interval_s: float = Field(60.0, ge=5.0)
+    work_poll_s: float = Field(1.0, gt=0, le=30.0)
+    retention: Retention = Field(default_factory=Retention)
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(8501, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Settings:
+        self.data_dir = self.data_dir.expanduser().resolve()
+        return self
+
+    @property
+    def db_url(self) -> str:
+        """The effective database URL."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'kvscope.db'}"

@@ -1,0 +1,191 @@
+"""SQLAlchemy 2 typed ORM models: the whole data model of kvscope in one place.
+
+Narrow on purpose (see DESIGN.md): samples are (series_id, ts, value) rows, everything
+derived (rates, quantiles) is computed at query time. Timestamps are Unix seconds (float).
+The schema is created and evolved by the Alembic migrations in `storage/migrations`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    """Declarative base; `type_annotation_map` keeps dict columns as JSON."""
+
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Target(Base):
+    """A vLLM engine kvscope scrapes: managed by kvscope or external (attach mode)."""
+
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    base_url: Mapped[str] = mapped_column(String(500))
+    managed: Mapped[bool] = mapped_column(Boolean, default=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    model_name: Mapped[str | None] = mapped_column(String(300))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Name of an environment variable holding a bearer token; the token itself is never stored.
+    token_env: Mapped[str | None] = mapped_column(String(100))
+    health: Mapped[str] = mapped_column(String(20), default="unknown")
+    health_message: Mapped[str | None] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    last_scrape_at: Mapped[float | None] = mapped_column(Float)
+    last_success_at: Mapped[float | None] = mapped_column(Float)
+    # From vllm:cache_config_info: the engine's own KV cache sizing.
+    num_gpu_blocks: Mapped[int | None] = mapped_column(Integer)
+    block_size: Mapped[int | None] = mapped_column(Integer)
+    cache_dtype: Mapped[str | None] = mapped_column(String(40))
+    cache_info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+
+    series: Mapped[list[Series]] = relationship(
+        back_populates="target", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Series(Base):
+    """One time series: (target, canonical metric name, labels). The raw vLLM name rides along."""
+
+    __tablename__ = "series"
+    __table_args__ = (UniqueConstraint("target_id", "metric", "labels_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    metric: Mapped[str] = mapped_column(String(100), index=True)
+    # Canonical JSON of the labels (sorted keys): the identity used by the unique constraint.
+    labels_key: Mapped[str] = mapped_column(String(1000))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    raw_name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20))  # gauge | counter | bucket | sum | count
+
+    target: Mapped[Target] = relationship(back_populates="series")
+
+
+class Sample(Base):
+    """One observation. Unchanged values are not re-stored until a heartbeat is due."""
+
+    __tablename__ = "samples"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
+    )
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class Rollup(Base):
+    """Per-series aggregate over a bucket of `resolution` seconds (60 or 3600)."""
+
+    __tablename__ = "rollups"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
+    )
+    resolution: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)  # bucket start
+    min: Mapped[float] = mapped_column(Float)
+    max: Mapped[float] = mapped_column(Float)
+    avg: Mapped[float] = mapped_column(Float)
+    last: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer)
+
+
+class ProbeRun(Base):
+    """A unit of requested work (a probe, a check) and its outcome; the console writes
+    `queued` rows, the worker carries them out and writes progress and results back."""
+
+    __tablename__ = "probe_runs"
+    __table_args__ = (Index("ix_probe_runs_status", "status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(50))
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # queued | running | done | failed | cancelled | interrupted
+    status: Mapped[str] = mapped_column(String(20), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+
+    records: Mapped[list[RequestRecord]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class RequestRecord(Base):
+    """One request a probe sent, with the times that make latency honest."""
+
+    __tablename__ = "request_records"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    scheduled_ts: Mapped[float] = mapped_column(Float)
+    sent_ts: Mapped[float | None] = mapped_column(Float)
+    first_token_ts: Mapped[float | None] = mapped_column(Float)
+    end_ts: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))  # ok | error | cancelled
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(40))
+    error: Mapped[str | None] = mapped_column(Text)
+    itl_summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Every inter-token gap, as a compact list of milliseconds.
+    itl_ms: Mapped[list[Any]] = mapped_column(default=list)
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[ProbeRun] = relationship(back_populates="records")
+
+
+class Event(Base):
+    """Something that happened: engine start/crash, target down/up, parsed log line, alert."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_ts", "ts"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, default=_now)
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(50))
+    severity: Mapped[str] = mapped_column(String(10), default="info")  # info|warning|error
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class WorkerState(Base):
+    """Small key/value facts the worker publishes for the console (heartbeat, GPU state)."""
+
+    __tablename__ = "worker_state"
+
+    key: Mapped[str] = mapped_column(String(50), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    updated_at: Mapped[float] = mapped_column(Float, default=_now)
