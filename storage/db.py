@@ -23,27 +23,30 @@ from planner.errors import StorageError
 BUSY_TIMEOUT_MS = 5000
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    cur.execute("PRAGMA foreign_keys=ON")
-    # WAL + NORMAL is durable against process crashes (SIGKILL); only an OS crash may lose
-    # the last transactions, never corrupt the file.
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.close()
+def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        # WAL + NORMAL is durable against process crashes (SIGKILL); only an OS crash may
+        # lose the last transactions, never corrupt the file.
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    return on_connect
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
     """Create an engine for `url`; for a SQLite file, create its folder and set pragmas."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        kwargs.setdefault("connect_args", {"timeout": BUSY_TIMEOUT_MS / 1000})
+        kwargs.setdefault("connect_args", {"timeout": busy_timeout_ms / 1000})
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms))
     return engine
 
 
@@ -63,9 +66,9 @@ def upgrade(engine: Engine) -> None:
         raise StorageError(f"cannot migrate the database at {engine.url}: {err.orig}") from err
 
 
-def open_store(url: str) -> Engine:
+def open_store(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Engine:
     """Engine for `url` with the schema at head: what every entry point calls first."""
-    engine = make_engine(url)
+    engine = make_engine(url, busy_timeout_ms)
     upgrade(engine)
     return engine
 

@@ -31,10 +31,7 @@ def _layout(fig: go.Figure, title: str, y_title: str, percent: bool = False) -> 
         yaxis_title=y_title,
         template="plotly_white",
     )
-    if percent:
-        fig.update_yaxes(tickformat=".0%", rangemode="tozero")
-    else:
-        fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(yaxis={"rangemode": "tozero", "tickformat": ".0%" if percent else ""})
     return fig
 
 

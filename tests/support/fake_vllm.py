@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -110,6 +111,9 @@ class FakeVllm:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    # Counters that grow with wall time, per second: {"preemptions": 5.0, ...}.
+    rates: dict[str, float] = field(default_factory=dict)
+    _clock: float | None = None
     body_override: str | None = None
     status: int = 200
     delay_s: float = 0.0
@@ -128,6 +132,11 @@ class FakeVllm:
         if self.body_override is not None:
             return self.body_override
         with self.lock:
+            now = time.time()
+            if self._clock is not None:
+                for name, per_s in self.rates.items():
+                    setattr(self, name, getattr(self, name) + per_s * (now - self._clock))
+            self._clock = now
             return "\n".join(self._lines()) + "\n"
 
     def _lines(self) -> list[str]:

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures. Run as modules: `python -m benchmarks.NAME`."""

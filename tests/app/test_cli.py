@@ -1,0 +1,102 @@
+"""`kvscope` commands as a user runs them: real processes, loopback servers, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_vllm import FakeVllm, serve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvscope(*args: str, env_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = dict(os.environ)
+    if env_dir is not None:
+        env["KVSCOPE_DATA_DIR"] = str(env_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_scrape_once_json_prints_canonical_values() -> None:
+    fake = FakeVllm(
+        kv_usage=0.375, running=2, waiting=1, preemptions=3, prompt_tokens=40, generation_tokens=70
+    )
+    fake.ttft.observe(0.015, 99)
+    fake.ttft.observe(3.0, 1)
+    with serve(fake) as url:
+        res = kvscope("scrape", url, "--once", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {
+        k: out[k]
+        for k in (
+            "kv_usage",
+            "running",
+            "waiting",
+            "preemptions_total",
+            "prompt_tokens_total",
+            "generation_tokens_total",
+            "num_gpu_blocks",
+            "block_size",
+        )
+    } == {
+        "kv_usage": 0.375,
+        "running": 2,
+        "waiting": 1,
+        "preemptions_total": 3,
+        "prompt_tokens_total": 40,
+        "generation_tokens_total": 70,
+        "num_gpu_blocks": 1000,
+        "block_size": 32,
+    }
+    assert out["ttft"]["count"] == 100
+    assert out["ttft"]["p50"] == pytest.approx(0.01 + 0.01 * 50 / 99)
+    assert out["ttft"]["p99"] == pytest.approx(0.02)
+    assert set(out["itl"]) == {"count", "p50", "p95", "p99"}
+
+
+@pytest.mark.parametrize(
+    ("url_or_body", "message"),
+    [
+        ("http://127.0.0.1:9", "cannot connect to http://127.0.0.1:9/metrics"),
+        ("ftp://example.com", "must start with http:// or https://"),
+        ("<html>", "HTML/XML page, not Prometheus metrics text"),
+    ],
+)
+def test_scrape_failures_exit_2_with_one_line(url_or_body: str, message: str) -> None:
+    if url_or_body.startswith("<"):
+        fake = FakeVllm(body_override="<html><body>login</body></html>")
+        with serve(fake) as url:
+            res = kvscope("scrape", url, "--once", "--json")
+    else:
+        res = kvscope("scrape", url_or_body, "--once", "--json")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("error: ")
+    assert res.stdout == ""
+
+
+def test_target_add_list_remove(tmp_path: Path) -> None:
+    assert (
+        kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path).returncode == 0
+    )
+    dup = kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path)
+    assert dup.returncode == 2 and "already exists" in dup.stderr
+    listed = json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout)
+    assert [t["name"] for t in listed] == ["prod"]
+    gone = kvscope("target", "remove", "nope", env_dir=tmp_path)
+    assert gone.returncode == 2 and "known targets: prod" in gone.stderr
+    assert kvscope("target", "remove", "prod", env_dir=tmp_path).returncode == 0

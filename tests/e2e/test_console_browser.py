@@ -1,0 +1,96 @@
+"""The running console in headless Chromium: every page renders, with charts, no exception."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, Page, sync_playwright
+
+from storage.db import open_store
+from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing, console
+from tests.support.seed import seed
+
+pytestmark = pytest.mark.browser
+
+# page -> (URL path, Plotly charts it must show with seeded data, dataframes it must show)
+PAGES = {
+    "overview": ("", 0, 2),
+    "live": ("live", 6, 0),
+    "tail": ("tail", 6, 1),
+    "targets": ("targets", 0, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    missing = chromium_missing()
+    if missing:
+        pytest.fail(missing)
+    data = tmp_path_factory.mktemp("console")
+    store = open_store(f"sqlite:///{data / 'kvscope.db'}")
+    seed(store, minutes=5)
+    store.dispose()
+    with console(data) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1800},
+        )
+        yield ctx
+        ctx.close()
+
+
+def _settle(page: Page) -> None:
+    page.wait_for_selector('[data-testid="stApp"]', timeout=60_000)
+    # Streamlit shows its status widget while a script runs; wait until it is gone.
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000
+    )
+    page.wait_for_timeout(1500)
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_page_renders_with_its_charts(console_url: str, browser: BrowserContext, name: str) -> None:
+    path, charts, tables = PAGES[name]
+    page = browser.new_page()
+    page.goto(f"{console_url}/{path}", timeout=60_000)
+    _settle(page)
+    if charts:
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.js-plotly-plot').length >= {charts}", timeout=60_000
+        )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    if tables:
+        page.wait_for_function(
+            f"() => document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= {tables}",
+            timeout=60_000,
+        )
+    _settle(page)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator(".js-plotly-plot").count() >= charts
+    body = page.inner_text("body")
+    assert "Traceback" not in body and "Page not found" not in body
+    page.close()
+
+
+def test_screenshots_are_kept() -> None:
+    for name in PAGES:
+        shot = ARTIFACTS / f"{name}.png"
+        assert shot.exists() and shot.stat().st_size > 10_000, shot
+
+
+def test_artifacts_folder_is_ignored_by_git() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert "test-artifacts/" in (root / ".gitignore").read_text()

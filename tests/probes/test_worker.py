@@ -1,0 +1,143 @@
+"""The worker against loopback servers: scraping, health, backoff, events and work rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from probes.worker import Worker
+from storage import derived as d
+from storage import queries as q
+from storage.settings import Settings
+from tests.support.fake_vllm import FakeVllm, serve
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def worker(settings: Settings) -> Iterator[Worker]:
+    w = Worker(settings)
+    yield w
+    if w.scheduler.running:
+        w.stop()
+
+
+def _add(w: Worker, name: str, url: str) -> int:
+    return q.add_target(w.engine, q.parse_target({"name": name, "base_url": url})).id
+
+
+def test_scraped_series_and_derived_rates(worker: Worker) -> None:
+    fake = FakeVllm(kv_usage=0.5, running=3, rates={"preemptions": 4.0, "generation_tokens": 250.0})
+    with serve(fake) as url:
+        tid = _add(worker, "fake", url)
+        worker.start()
+        t0 = time.time()
+        time.sleep(4.0)
+        worker.stop()
+    target = q.get_target(worker.engine, "fake")
+    assert target.health == "up" and target.num_gpu_blocks == 1000 and target.block_size == 32
+    assert target.model_name == "tiny-llama"
+    grid = d.Grid(t0 + 3.0, t0 + 3.5, 0.5, 0)
+    assert d.gauge(worker.engine, tid, "kv_usage", grid).iloc[-1] == 0.5
+    pre = d.rate(worker.engine, tid, "preemptions_total", grid, window_s=2.0).to_numpy()
+    gen = d.rate(worker.engine, tid, "generation_tokens_total", grid, window_s=2.0).to_numpy()
+    # Counters grow with wall time in the fake; scrape jitter is milliseconds.
+    assert np.allclose(pre, 4.0, rtol=0.1)
+    assert np.allclose(gen, 250.0, rtol=0.1)
+
+
+def test_a_down_target_is_recorded_backs_off_and_does_not_stop_the_others(worker: Worker) -> None:
+    fake = FakeVllm()
+    with serve(fake) as url:
+        good = _add(worker, "good", url)
+        _add(worker, "dead", "http://127.0.0.1:9")
+        worker.start()
+        time.sleep(5.0)
+        worker.stop()
+    dead = q.get_target(worker.engine, "dead")
+    assert dead.health == "down" and "connection refused" in (dead.health_message or "")
+    # Backoff at 0.5 s doubling: attempts at ~0, 0.5, 1.5, 3.5 s, not ten of them.
+    assert 2 <= dead.consecutive_failures <= 5
+    downs = q.events(worker.engine, 0, time.time() + 1, kinds=["target_down"])
+    assert len(downs) == 1 and downs[0].severity == "warning"
+    assert q.get_target(worker.engine, "good").health == "up"
+    assert q.count_samples(worker.engine, good) > 0
+
+
+def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -> None:
+    fake = FakeVllm(generation_tokens=1000)
+    with serve(fake) as url:
+        _add(worker, "fake", url)
+        worker.start()
+        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "up")
+        fake.status = 503
+        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "down")
+        fake.status = 200
+        fake.restart()
+        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "up")
+        fake.body_override = fake.text().replace(
+            "vllm:num_requests_waiting{", "vllm:num_requests_waiting{broken "
+        )
+        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "degraded")
+        worker.stop()
+    kinds = [e.kind for e in q.events(worker.engine, 0, time.time() + 1)]
+    assert kinds.count("target_down") == 1 and kinds.count("target_up") == 1
+    assert "counter_reset" in kinds and "scrape_warning" in kinds
+    assert "HTTP 503" in (
+        q.events(worker.engine, 0, time.time() + 1, kinds=["target_down"])[0].message
+    )
+
+
+def test_slow_endpoint_times_out_with_a_clear_message(settings: Settings) -> None:
+    w = Worker(settings.model_copy(update={"scrape_timeout_s": 0.3}))
+    fake = FakeVllm(delay_s=1.0)
+    with serve(fake) as url:
+        tid = _add(w, "slow", url)
+        w.scrape_target(tid)
+    assert "did not answer within 0.3 s" in (q.get_target(w.engine, "slow").health_message or "")
+
+
+def test_work_rows_are_carried_out_and_failures_are_data(worker: Worker) -> None:
+    fake = FakeVllm(kv_usage=0.125)
+    with serve(fake) as url:
+        tid = _add(worker, "fake", url)
+        dead = _add(worker, "dead", "http://127.0.0.1:9")
+        ok = q.request_run(worker.engine, "check_target", target_id=tid)
+        bad = q.request_run(worker.engine, "check_target", target_id=dead)
+        odd = q.request_run(worker.engine, "no-such-probe")
+        worker.start()
+        for _ in range(30):
+            worker.tick()
+            if all(
+                q.get_run(worker.engine, r.id).status not in ("queued", "running")
+                for r in (ok, bad, odd)
+            ):
+                break
+            time.sleep(0.1)
+        worker.stop()
+    done = q.get_run(worker.engine, ok.id)
+    assert done.status == "done" and done.summary["kv_usage"] == 0.125
+    failed = q.get_run(worker.engine, bad.id)
+    assert failed.status == "failed" and "connection refused" in (failed.error or "")
+    assert q.get_run(worker.engine, odd.id).status == "failed"
+
+
+def test_a_restarted_worker_marks_left_over_runs_interrupted(settings: Settings) -> None:
+    first = Worker(settings)
+    run = q.request_run(first.engine, "check_target")
+    q.claim_next_run(first.engine, ["check_target"])  # then the process "dies"
+    second = Worker(settings)
+    second.start()
+    second.stop()
+    after = q.get_run(second.engine, run.id)
+    assert after.status == "interrupted" and "worker stopped" in (after.error or "")
