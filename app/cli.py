@@ -20,6 +20,7 @@ from typing import Annotated
 import httpx
 import typer
 
+from app.plan_cli import plan
 from planner.errors import KvscopeError
 from storage.settings import Settings
 
@@ -32,6 +33,7 @@ app = typer.Typer(
 )
 target_app = typer.Typer(help="Manage the engines kvscope scrapes.", no_args_is_help=True)
 app.add_typer(target_app, name="target")
+app.command("plan")(plan)
 
 ROOT = Path(__file__).resolve().parent.parent
 

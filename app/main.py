@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.views import live, overview, tail, targets
+from app.views import live, overview, planner, tail, targets
 
 st.set_page_config(page_title="kvscope", page_icon="📈", layout="wide")
 
@@ -13,6 +13,9 @@ pages = {
         st.Page(overview.render, title="Overview", url_path="overview", default=True),
         st.Page(live.render, title="Live", url_path="live"),
         st.Page(tail.render, title="Tail", url_path="tail"),
+    ],
+    "Plan": [
+        st.Page(planner.render, title="Planner", url_path="planner"),
     ],
     "Configure": [
         st.Page(targets.render, title="Targets", url_path="targets"),

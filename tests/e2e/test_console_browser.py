@@ -20,6 +20,7 @@ PAGES = {
     "live": ("live", 6, 0),
     "tail": ("tail", 6, 1),
     "targets": ("targets", 0, 1),
+    "planner": ("planner", 6, 1),
 }
 
 
