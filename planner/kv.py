@@ -272,6 +272,14 @@ class KVCacheLayout:
     blocks_per_request: int
     max_concurrency: float
 
+    @property
+    def logged_tokens(self) -> int:
+        """The "KV cache size: N tokens" vLLM 0.32 logs: concurrency x max_model_len.
+
+        Equal to `capacity_tokens` only when max_model_len is a multiple of the block size.
+        """
+        return int(self.max_concurrency * self.max_model_len)
+
 
 def vllm_kv_cache(
     arch: ModelArch,
