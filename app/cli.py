@@ -15,13 +15,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
+from sqlalchemy import Engine
 
 from app.plan_cli import plan
-from planner.errors import KvscopeError
+from planner.errors import InvalidInput, KvscopeError
 from storage.settings import Settings
 
 app = typer.Typer(
@@ -32,7 +33,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 target_app = typer.Typer(help="Manage the engines kvscope scrapes.", no_args_is_help=True)
+engine_app = typer.Typer(
+    help="The managed vLLM engine: configure, start, stop, logs.", no_args_is_help=True
+)
+model_app = typer.Typer(help="Local models for the embedded engine.", no_args_is_help=True)
 app.add_typer(target_app, name="target")
+app.add_typer(engine_app, name="engine")
+app.add_typer(model_app, name="model")
 app.command("plan")(plan)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,6 +160,212 @@ def target_remove(name: Annotated[str, typer.Argument()]) -> None:
     typer.echo(f"removed target {name}")
 
 
+# --- managed engine ------------------------------------------------------------------------
+
+
+def _store() -> Engine:
+    from storage.db import open_store
+
+    return open_store(_settings().db_url)
+
+
+@engine_app.command("configure")
+def engine_configure(
+    name: Annotated[str, typer.Argument(help="engine name (also its target name)")] = "embedded",
+    model: Annotated[str | None, typer.Option(help="model directory or name")] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda")] = None,
+    python: Annotated[str | None, typer.Option(help="the engine venv's python")] = None,
+    vllm: Annotated[str | None, typer.Option(help="a vllm executable instead of python")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="FIELD=VALUE, repeatable "
+            "(max_model_len, kv_cache_memory_bytes, block_size, dtype, ...)",
+        ),
+    ] = None,
+) -> None:
+    """Create or change an engine spec; `embedded` starts from the CPU default."""
+    from probes.engine import embedded_spec, parse_spec
+    from storage import queries as q
+
+    store = _store()
+    try:
+        data, _ = q.get_engine_spec(store, name)
+    except KvscopeError:
+        data = embedded_spec(_settings()).model_dump() | {"name": name}
+    for key, value in (
+        ("model", model),
+        ("port", port),
+        ("device", device),
+        ("python", python),
+        ("vllm", vllm),
+    ):
+        if value is not None:
+            data[key] = value
+    if vllm is not None:
+        data["python"] = None
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidInput(f"--set wants FIELD=VALUE, got {item!r}")
+        data[key.strip()] = None if value.strip() in ("", "none", "None") else value.strip()
+    spec = parse_spec(data)
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    typer.echo(spec.command_line(_settings().data_dir / "engines" / spec.name))
+
+
+@engine_app.command("show")
+def engine_show(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Print an engine's spec, the exact command it runs, and its state."""
+    from probes.engine import parse_spec
+    from storage import queries as q
+
+    store = _store()
+    data, desired = q.get_engine_spec(store, name)
+    spec = parse_spec(data)
+    state = q.get_state(store, f"engine:{name}")
+    out = {
+        "spec": spec.model_dump(),
+        "desired": desired,
+        "command": spec.command_line(_settings().data_dir / "engines" / name),
+        "state": state[0] if state else None,
+    }
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        typer.echo(out["command"])
+        typer.echo(f"desired: {desired}; state: {(state[0] if state else {}).get('status')}")
+
+
+def _engine_request(kind: str, name: str, timeout: float) -> None:
+    from storage import dashboards
+    from storage import queries as q
+
+    store = _store()
+    q.get_engine_spec(store, name)  # NotFound with the known names
+    if not dashboards.worker_status(store).alive:
+        raise KvscopeError(
+            "no kvscope worker is running against this store; the worker carries "
+            "out engine requests: start `kvscope worker` (or `kvscope up`)"
+        )
+    run = q.request_run(store, kind, {"name": name})
+    deadline = time.time() + timeout
+    last = ""
+    while time.time() < deadline:
+        run = q.get_run(store, run.id)
+        state = q.get_state(store, f"engine:{name}")
+        status = str(state[0].get("status")) if state else "?"
+        if status != last:
+            typer.echo(f"{name}: {status}", err=True)
+            last = status
+        if run.status not in ("queued", "running"):
+            break
+        time.sleep(0.5)
+    else:
+        raise KvscopeError(
+            f"{kind} for {name} did not finish within {timeout:.0f} s "
+            f"(run {run.id} is {run.status})"
+        )
+    if run.status != "done":
+        raise KvscopeError(run.error or f"{kind} for {name} ended {run.status}")
+    typer.echo(f"{name}: {run.summary.get('status')} {run.summary.get('message', '')}".strip())
+
+
+@engine_app.command("start")
+def engine_start(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    timeout: Annotated[float, typer.Option()] = 900.0,
+) -> None:
+    """Ask the worker to start an engine; wait until it is healthy."""
+    _engine_request("engine_start", name, timeout)
+
+
+@engine_app.command("stop")
+def engine_stop(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    timeout: Annotated[float, typer.Option()] = 120.0,
+) -> None:
+    """Ask the worker to stop an engine (gracefully, then by force)."""
+    _engine_request("engine_stop", name, timeout)
+
+
+@engine_app.command("restart")
+def engine_restart(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    timeout: Annotated[float, typer.Option()] = 900.0,
+) -> None:
+    """Ask the worker to restart an engine (applies a changed spec)."""
+    _engine_request("engine_restart", name, timeout)
+
+
+@engine_app.command("status")
+def engine_status(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Status, uptime, pid and the startup facts vLLM logged."""
+    from storage import queries as q
+
+    store = _store()
+    _, desired = q.get_engine_spec(store, name)
+    state = q.get_state(store, f"engine:{name}")
+    data: dict[str, Any] = dict(state[0]) if state else {"name": name, "status": "never started"}
+    data["desired"] = desired
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    up_s = time.time() - data["started_at"] if data.get("started_at") else None
+    typer.echo(
+        f"{name}: {data.get('status')} (desired {desired})"
+        + (f", pid {data['pid']}, up {up_s:.0f} s" if data.get("pid") and up_s else "")
+    )
+    if data.get("message"):
+        typer.echo(f"  {data['message']}")
+    for key, value in (data.get("facts") or {}).items():
+        typer.echo(f"  {key}: {value}")
+
+
+@engine_app.command("logs")
+def engine_logs(
+    name: Annotated[str, typer.Argument()] = "embedded",
+    lines: Annotated[int, typer.Option("--lines", "-n")] = 50,
+) -> None:
+    """The last lines of the engine's log file."""
+    from probes.manager import tail_file
+
+    path = _settings().data_dir / "engines" / name / "engine.log"
+    if not path.exists():
+        raise KvscopeError(f"no log for engine {name!r} at {path}: has it ever started?")
+    for line in tail_file(path, lines):
+        typer.echo(line)
+
+
+@model_app.command("build-tiny")
+def model_build_tiny(
+    out: Annotated[Path | None, typer.Option(help="default: DATA_DIR/models/tiny-llama")] = None,
+    layers: Annotated[int, typer.Option()] = 2,
+    kv_heads: Annotated[int, typer.Option()] = 2,
+    head_dim: Annotated[int, typer.Option()] = 32,
+    dtype: Annotated[str, typer.Option()] = "float32",
+) -> None:
+    """Build the tiny random-weight Llama and its tokenizer locally (once; nothing from a hub)."""
+    from probes.engine import build_tiny_model
+    from probes.tinymodel import TinyParams
+
+    try:
+        params = TinyParams(
+            layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype
+        ).resolved()
+    except ValueError as err:
+        raise InvalidInput(str(err)) from err
+    typer.echo(str(build_tiny_model(_settings(), out, params)))
+
+
 # --- processes -----------------------------------------------------------------------------
 
 
@@ -188,23 +401,56 @@ def console() -> None:
     os.execv(sys.executable, _console_argv(settings))
 
 
+def _prepare_embedded(settings: Settings, store: Engine) -> None:
+    """Build the tiny model once and store the default CPU engine spec, wanted running."""
+    from probes.engine import build_tiny_model, embedded_spec, parse_spec, preflight
+    from storage import queries as q
+
+    typer.echo("kvscope: building the tiny model if needed (once, a few seconds)...")
+    build_tiny_model(settings)
+    try:
+        data, _ = q.get_engine_spec(store, "embedded")
+        spec = parse_spec(data)
+    except KvscopeError:
+        spec = embedded_spec(settings)
+        q.save_engine_spec(store, spec.name, spec.model_dump())
+    q.set_desired_state(store, spec.name, "running")
+    for problem in preflight(spec):
+        typer.echo(f"warning: the embedded engine may not start: {problem}", err=True)
+
+
 @app.command()
-def up() -> None:
+def up(
+    embedded: Annotated[
+        bool, typer.Option(help="also run the embedded engine: vLLM on CPU, tiny local model")
+    ] = True,
+    demo_load: Annotated[
+        bool, typer.Option(help="send a light load to the embedded engine so charts move")
+    ] = True,
+) -> None:
     """Run worker and console together until Ctrl-C; both are stopped by PID on exit."""
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     from storage.db import open_store
 
-    open_store(settings.db_url)  # migrate once, before two processes race to do it
+    store = open_store(settings.db_url)  # migrate once, before two processes race to do it
+    if embedded:
+        _prepare_embedded(settings, store)
     exe = [sys.executable, "-m", "app.cli"]
+    env = {**os.environ, "KVSCOPE_DEMO_LOAD": "1" if (embedded and demo_load) else "0"}
     procs = [
-        subprocess.Popen([*exe, "worker"]),
+        subprocess.Popen([*exe, "worker"], env=env),
         subprocess.Popen(_console_argv(settings), cwd=ROOT),
     ]
     typer.echo(
         f"kvscope console: http://{settings.console_host}:{settings.console_port}  "
         f"(data in {settings.data_dir}; Ctrl-C stops)"
     )
+    if embedded:
+        typer.echo(
+            "the embedded vLLM engine is starting; its first start takes about a minute on "
+            "2 cores (Engine page: status and log)"
+        )
     stop = False
 
     def _stop(*_: object) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.views import live, overview, planner, tail, targets
+from app.views import engine, live, overview, planner, tail, targets
 
 st.set_page_config(page_title="kvscope", page_icon="📈", layout="wide")
 
@@ -18,6 +18,7 @@ pages = {
         st.Page(planner.render, title="Planner", url_path="planner"),
     ],
     "Configure": [
+        st.Page(engine.render, title="Engine", url_path="engine"),
         st.Page(targets.render, title="Targets", url_path="targets"),
     ],
 }

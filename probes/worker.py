@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -30,7 +30,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
+from probes.engine import parse_spec
 from probes.gpu import GpuSampler
+from probes.manager import EngineManager
 from probes.metrics import summarize
 from probes.scrape import scrape
 from storage import queries as q
@@ -97,6 +99,12 @@ def heartbeat_job() -> None:
         _CURRENT.guarded("heartbeat", lambda w: w.publish_heartbeat())
 
 
+def engines_job() -> None:
+    """Supervise managed engines: health, crashes, restarts (APScheduler job)."""
+    if _CURRENT is not None:
+        _CURRENT.guarded("engines", lambda w: w.supervise_engines())
+
+
 # --- built-in work handlers ----------------------------------------------------------------
 
 
@@ -111,7 +119,52 @@ def check_target(worker: Worker, run: RunRow) -> dict[str, Any]:
     return summarize(parsed)
 
 
-BUILTIN_HANDLERS: dict[str, Handler] = {"check_target": check_target}
+def _engine_name(run: RunRow) -> str:
+    name = run.params.get("name")
+    if not isinstance(name, str) or not name:
+        raise NotFound("this engine request names no engine")
+    return name
+
+
+def engine_start(worker: Worker, run: RunRow) -> dict[str, Any]:
+    """Start a managed engine and wait until it is healthy."""
+    name = _engine_name(run)
+    manager = worker.engine_manager(name)
+    manager.start(wait=False)
+    q.set_desired_state(worker.engine, name, "running")
+    manager.wait_healthy()
+    return asdict(manager.state)
+
+
+def engine_stop(worker: Worker, run: RunRow) -> dict[str, Any]:
+    """Stop a managed engine; the worker will not restart it."""
+    name = _engine_name(run)
+    q.set_desired_state(worker.engine, name, "stopped")
+    manager = worker.engine_manager(name)
+    manager.stop()
+    return asdict(manager.state)
+
+
+def engine_restart(worker: Worker, run: RunRow) -> dict[str, Any]:
+    """Stop and start a managed engine (applies a changed spec)."""
+    name = _engine_name(run)
+    q.set_desired_state(worker.engine, name, "stopped")
+    manager = worker.engine_manager(name)
+    manager.stop(reason="stopped for a restart")
+    manager = worker.engine_manager(name)  # picks up a spec changed while it ran
+    manager.state.restarts += 1
+    manager.start(wait=False)
+    q.set_desired_state(worker.engine, name, "running")
+    manager.wait_healthy()
+    return asdict(manager.state)
+
+
+BUILTIN_HANDLERS: dict[str, Handler] = {
+    "check_target": check_target,
+    "engine_start": engine_start,
+    "engine_stop": engine_stop,
+    "engine_restart": engine_restart,
+}
 
 
 class Worker:
@@ -136,6 +189,8 @@ class Worker:
         self._stop = threading.Event()
         self._runs = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvscope-run")
         self._active: dict[int, Future[None]] = {}
+        self.engines: dict[str, EngineManager] = {}
+        self.keep_engines = False  # tests: leave engines running, as a crashed worker would
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=self.engine)},
             executors={"default": JobThreadPool(max_workers=8)},
@@ -179,6 +234,19 @@ class Worker:
             replace_existing=True,
             next_run_time=_soon(),
         )
+        self.scheduler.add_job(
+            engines_job,
+            "interval",
+            seconds=2,
+            id="engines",
+            replace_existing=True,
+            next_run_time=_soon(),
+        )
+        for name, _, desired in q.list_engine_specs(self.engine):
+            try:
+                self.engine_manager(name).adopt_or_clean(desired)
+            except Exception:
+                log.exception("could not adopt or clean up engine %s", name)
         self.scheduler.start()
         self.sync_targets()
         q.record_event(
@@ -211,6 +279,14 @@ class Worker:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         self._runs.shutdown(wait=False, cancel_futures=True)
+        for manager in self.engines.values():
+            if self.keep_engines:
+                manager.abandon()
+            else:
+                try:
+                    manager.stop(reason="stopped with the worker")
+                except Exception:
+                    log.exception("could not stop engine %s", manager.spec.name)
         q.interrupt_running(self.engine, "the worker was stopped while this run was running")
         q.put_state(
             self.engine, "worker", {"pid": os.getpid(), "running": False, "stopped_at": time.time()}
@@ -240,6 +316,26 @@ class Worker:
                 "scrape_interval_s": self.settings.scrape_interval_s,
             },
         )
+
+    # -- managed engines ---------------------------------------------------------------------
+
+    def engine_manager(self, name: str) -> EngineManager:
+        """The manager of a stored engine spec, created on first use, updated if idle."""
+        spec_data, _ = q.get_engine_spec(self.engine, name)
+        spec = parse_spec(spec_data)
+        manager = self.engines.get(name)
+        if manager is None:
+            manager = EngineManager(self.engine, self.settings.data_dir, spec, self.client)
+            self.engines[name] = manager
+        elif manager.spec != spec and not manager.alive():
+            manager.spec = spec
+        return manager
+
+    def supervise_engines(self) -> None:
+        """One supervision pass over every stored engine."""
+        for name, _, desired in q.list_engine_specs(self.engine):
+            manager = self.engine_manager(name)
+            manager.poll(desired)
 
     # -- targets -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pandas as pd
 from pydantic import BaseModel
 from sqlalchemy import Engine
 
+from planner.errors import KvscopeError
 from storage import derived as d
 from storage import queries as q
 from storage.names import LATENCY_HISTOGRAMS
@@ -154,4 +155,37 @@ def worker_status(engine: Engine, now: float | None = None) -> WorkerStatus:
         gpu_available=bool(gv.get("available")),
         gpu_message=str(gv.get("message", "GPU state unknown (no worker)")),
         gpus=list(gv.get("gpus", [])),
+    )
+
+
+class EngineView(BaseModel):
+    """What the Engine page shows about one managed engine."""
+
+    name: str
+    spec: dict[str, Any]
+    desired: str
+    state: dict[str, Any]
+    state_age_s: float | None
+    log_lines: list[str]
+    target: dict[str, Any] | None
+
+
+def engine_view(engine: Engine, name: str, now: float | None = None) -> EngineView:
+    """A managed engine's spec, desired and actual state, log tail and scraped cache facts."""
+    now = time.time() if now is None else now
+    spec, desired = q.get_engine_spec(engine, name)
+    state = q.get_state(engine, f"engine:{name}")
+    logs = q.get_state(engine, f"engine_log:{name}")
+    try:
+        target: dict[str, Any] | None = q.get_target(engine, name).model_dump()
+    except KvscopeError:
+        target = None
+    return EngineView(
+        name=name,
+        spec=spec,
+        desired=desired,
+        state=state[0] if state else {"name": name, "status": "never started"},
+        state_age_s=now - state[1] if state else None,
+        log_lines=list(logs[0].get("lines", [])) if logs else [],
+        target=target,
     )

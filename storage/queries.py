@@ -19,7 +19,16 @@ from sqlalchemy.orm import Session
 from planner.errors import InvalidInput, NotFound
 from storage.db import session_factory, transaction
 from storage.schemas import EventRow, RunRow, TargetIn, TargetRow, validation_message
-from storage.tables import Event, ProbeRun, Rollup, Sample, Series, Target, WorkerState
+from storage.tables import (
+    EngineSpecRow,
+    Event,
+    ProbeRun,
+    Rollup,
+    Sample,
+    Series,
+    Target,
+    WorkerState,
+)
 
 RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 ACTIVE_STATES = ("queued", "running")
@@ -381,3 +390,66 @@ def get_state(engine: Engine, key: str) -> tuple[dict[str, Any], float] | None:
     with session_factory(engine)() as s:
         row = s.get(WorkerState, key)
         return (dict(row.value), row.updated_at) if row else None
+
+
+# --- managed engines -----------------------------------------------------------------------
+
+
+def save_engine_spec(engine: Engine, name: str, spec: dict[str, Any]) -> None:
+    """Create or replace the stored spec of a managed engine (validated by the caller)."""
+    with transaction(engine) as s:
+        row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
+        if row is None:
+            s.add(EngineSpecRow(name=name, spec=spec))
+        else:
+            row.spec, row.updated_at = spec, time.time()
+
+
+def get_engine_spec(engine: Engine, name: str) -> tuple[dict[str, Any], str]:
+    """(spec, desired state) of a managed engine."""
+    with session_factory(engine)() as s:
+        row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
+        if row is None:
+            known = ", ".join(s.scalars(select(EngineSpecRow.name))) or "none"
+            raise NotFound(f"no engine spec named {name!r}; known engines: {known}")
+        return dict(row.spec), row.desired_state
+
+
+def list_engine_specs(engine: Engine) -> list[tuple[str, dict[str, Any], str]]:
+    """(name, spec, desired state) of every managed engine."""
+    with session_factory(engine)() as s:
+        rows = s.scalars(select(EngineSpecRow).order_by(EngineSpecRow.name))
+        return [(r.name, dict(r.spec), r.desired_state) for r in rows]
+
+
+def set_desired_state(engine: Engine, name: str, state: str) -> None:
+    """Record whether a managed engine should run (the worker restarts it after a crash)."""
+    if state not in ("running", "stopped"):
+        raise InvalidInput(f"desired state must be running or stopped, not {state!r}")
+    with transaction(engine) as s:
+        row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
+        if row is None:
+            raise NotFound(f"no engine spec named {name!r}")
+        row.desired_state, row.updated_at = state, time.time()
+
+
+def upsert_managed_target(
+    engine: Engine,
+    name: str,
+    base_url: str,
+    enabled: bool,
+    health: str | None = None,
+    message: str | None = None,
+) -> int:
+    """The target a managed engine is scraped as; created on first start."""
+    with transaction(engine) as s:
+        t = s.scalars(select(Target).where(Target.name == name)).first()
+        if t is None:
+            t = Target(name=name, base_url=base_url, managed=True)
+            s.add(t)
+        t.base_url, t.managed, t.enabled = base_url, True, enabled
+        if health is not None:
+            t.health, t.health_message = health, message
+            t.consecutive_failures = 0
+        s.flush()
+        return t.id

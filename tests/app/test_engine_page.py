@@ -1,0 +1,85 @@
+"""The Engine page from a stored spec and published state (no engine needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine
+from streamlit.testing.v1 import AppTest
+
+from probes.engine import embedded_spec
+from storage import queries as q
+from storage.settings import Settings
+
+
+def _page() -> AppTest:
+    at = AppTest.from_string("from app.views import engine\nengine.render()", default_timeout=60)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _tiny_model(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, '
+        '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
+        '"head_dim": 32, "intermediate_size": 256, "vocab_size": 4096, '
+        '"max_position_embeddings": 8192, "torch_dtype": "float32"}'
+    )
+
+
+def test_without_an_engine_the_page_says_how_to_get_one(store: Engine) -> None:
+    at = _page()
+    assert any("kvscope up" in i.value for i in at.info)
+
+
+def test_status_command_facts_and_prediction(store: Engine, settings: Settings) -> None:
+    spec = embedded_spec(settings)
+    _tiny_model(Path(spec.model))
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    q.put_state(
+        store,
+        "engine:embedded",
+        {
+            "name": "embedded",
+            "status": "running",
+            "pid": 4242,
+            "restarts": 1,
+            "healthy_at": 1.0,
+            "message": "serving tiny-llama",
+            "facts": {
+                "kv_capacity": {"device": "CPU", "tokens": 16384.0},
+                "max_concurrency": {"tokens_per_request": 8192.0, "concurrency": 2.0},
+            },
+        },
+    )
+    q.put_state(store, "engine_log:embedded", {"lines": ["INFO hello from vllm"]})
+    at = _page()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Status"] == "running" and metrics["Restarts"] == "1"
+    assert "--kv-cache-memory-bytes 16777216" in at.code[-1].value
+    table = at.dataframe[0].value
+    row = table[table[""] == "KV capacity (tokens, as logged)"].iloc[0]
+    assert row["vLLM reported"] == 16384 and row["planner"] == 16384
+    conc = table[table[""] == "Max concurrency at max length"].iloc[0]
+    assert conc["vLLM reported"] == conc["planner"] == 2.0
+    # Stop and restart need the confirmation first.
+    stop = next(b for b in at.button if b.label == "Stop")
+    assert stop.disabled
+    next(b for b in at.button if b.label == "Start").click().run()
+    assert [(r.kind, r.params) for r in q.list_runs(store)] == [
+        ("engine_start", {"name": "embedded"})
+    ]
+
+
+def test_saving_a_bad_spec_shows_why(store: Engine, settings: Settings) -> None:
+    spec = embedded_spec(settings)
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    at = _page()
+    block = next(n for n in at.number_input if n.label.startswith("Block size"))
+    block.set_value(48)
+    next(b for b in at.button if b.label == "Save spec").click().run()
+    assert any("block_size 48 does not work on CPU" in e.value for e in at.error)
+    saved, _ = q.get_engine_spec(store, "embedded")
+    assert saved["block_size"] == 32  # nothing stored was lost

