@@ -186,15 +186,15 @@ def engine_configure(
         ),
     ] = None,
 ) -> None:
-    """Create or change an engine spec; `embedded` starts from the CPU default."""
+    """Create or change an engine spec; a new `embedded` starts from the CPU default."""
     from probes.engine import embedded_spec, parse_spec
     from storage import queries as q
 
     store = _store()
     try:
         data, _ = q.get_engine_spec(store, name)
-    except KvscopeError:
-        data = embedded_spec(_settings()).model_dump() | {"name": name}
+    except KvscopeError:  # a new spec: the CPU default for `embedded`, else only what is given
+        data = embedded_spec(_settings()).model_dump() if name == "embedded" else {"name": name}
     for key, value in (
         ("model", model),
         ("port", port),

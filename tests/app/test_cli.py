@@ -100,3 +100,35 @@ def test_target_add_list_remove(tmp_path: Path) -> None:
     gone = kvscope("target", "remove", "nope", env_dir=tmp_path)
     assert gone.returncode == 2 and "known targets: prod" in gone.stderr
     assert kvscope("target", "remove", "prod", env_dir=tmp_path).returncode == 0
+
+
+def test_engine_configure_show_and_refusals(tmp_path: Path) -> None:
+    made = kvscope(
+        "engine",
+        "configure",
+        "gpu",
+        "--device",
+        "cuda",
+        "--vllm",
+        "/usr/bin/vllm",
+        "--model",
+        "org/model",
+        "--set",
+        "max_model_len=4096",
+        env_dir=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "/usr/bin/vllm serve org/model" in made.stdout
+    shown = json.loads(kvscope("engine", "show", "gpu", "--json", env_dir=tmp_path).stdout)
+    assert shown["spec"]["max_model_len"] == 4096 and shown["desired"] == "stopped"
+    bad = kvscope("engine", "configure", "gpu", "--set", "block_size=abc", env_dir=tmp_path)
+    assert bad.returncode == 2 and "block_size" in bad.stderr
+    # Nothing already stored is lost by a refused change.
+    again = json.loads(kvscope("engine", "show", "gpu", "--json", env_dir=tmp_path).stdout)
+    assert again["spec"] == shown["spec"]
+    start = kvscope("engine", "start", "gpu", env_dir=tmp_path)
+    assert start.returncode == 2 and "no kvscope worker is running" in start.stderr
+    unknown = kvscope("engine", "status", "nope", env_dir=tmp_path)
+    assert unknown.returncode == 2 and "known engines: gpu" in unknown.stderr
+    logs = kvscope("engine", "logs", "gpu", env_dir=tmp_path)
+    assert logs.returncode == 2 and "has it ever started" in logs.stderr
