@@ -243,7 +243,7 @@ class EngineManager:
         self._proc = None
 
     def _cleanup(self) -> None:
-        self._tail_stop.set()
+        self._stop_tail()
         self._pgid, self._proc = None, None
         self.pid_path.unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / "tmp", ignore_errors=True)
@@ -358,13 +358,13 @@ class EngineManager:
     def _crashed(self, why: str) -> None:
         self._reap()
         code = self.state.last_exit_code
-        tail = list(self.parser.tail)[-30:]
         if self._pgid is not None and group_pids(self._pgid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._pgid, signal.SIGKILL)  # orphans would hold the port
             while group_pids(self._pgid):
                 time.sleep(0.1)
-        self._tail_stop.set()
+        self._stop_tail()  # every writer is gone: read the log to its end first
+        tail = list(self.parser.tail)[-30:]
         now = time.time()
         self._crashes.append(now)
         while self._crashes and now - self._crashes[0] > CRASH_WINDOW_S:
@@ -444,10 +444,14 @@ class EngineManager:
 
     # -- logs ----------------------------------------------------------------------------------
 
-    def _start_tail(self, offset: int) -> None:
+    def _stop_tail(self) -> None:
+        """Stop following the log after reading what is left in it."""
         self._tail_stop.set()
-        if self._tail is not None:
-            self._tail.join(timeout=2)
+        if self._tail is not None and self._tail is not threading.current_thread():
+            self._tail.join(timeout=5)
+
+    def _start_tail(self, offset: int) -> None:
+        self._stop_tail()
         self._tail_stop = threading.Event()
         self._tail = threading.Thread(
             target=self._follow,
@@ -460,6 +464,7 @@ class EngineManager:
     def _follow(self, offset: int, stop: threading.Event) -> None:
         buf = b""
         while True:
+            stopping = stop.is_set()  # checked before the read, so a stop drains the file
             try:
                 size = self.log_path.stat().st_size
                 if size < offset:  # truncated by rotation
@@ -477,8 +482,10 @@ class EngineManager:
                     self._record_fact(fact)
             if offset > LOG_MAX_BYTES:
                 offset = self._rotate(offset)
-            if stop.wait(0.25) and not chunk:
+            if stopping and not chunk:
                 return
+            if not chunk:
+                stop.wait(0.25)
 
     def _rotate(self, offset: int) -> int:
         for i in range(LOG_BACKUPS - 1, 0, -1):

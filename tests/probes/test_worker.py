@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +143,43 @@ def test_a_restarted_worker_marks_left_over_runs_interrupted(settings: Settings)
     second.stop()
     after = q.get_run(second.engine, run.id)
     assert after.status == "interrupted" and "worker stopped" in (after.error or "")
+
+
+def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from probes.engine import parse_spec
+    from probes.manager import group_pids
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    fake = Path(__file__).resolve().parents[1] / "support" / "fake_engine.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = parse_spec(
+        {
+            "name": "fake",
+            "model": str(model),
+            "vllm": str(fake),
+            "port": port,
+            "kv_cache_memory_bytes": 16 << 20,
+        }
+    )
+    w = Worker(settings)
+    q.save_engine_spec(w.engine, "fake", spec.model_dump())
+    q.set_desired_state(w.engine, "fake", "running")
+    w.start()
+    _wait_for(lambda: "fake" in w.engines and w.engines["fake"].state.status == "running", 30)
+    pid = w.engines["fake"].state.pid
+    assert pid is not None and group_pids(pid)
+
+    def scraped() -> bool:
+        w.tick()  # the main loop adds the scrape job once the engine is healthy
+        return q.get_target(w.engine, "fake").health == "up"
+
+    _wait_for(scraped, 15)
+    w.stop()
+    assert group_pids(pid) == []
+    assert [e.kind for e in q.events(w.engine, 0, time.time() + 1, kinds=["engine_stopped"])]

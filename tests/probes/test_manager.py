@@ -1,0 +1,182 @@
+"""The engine manager's process handling, on a stand-in engine (fast; the real one: e2e)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from planner.errors import EngineError
+from probes.engine import EngineSpec, parse_spec
+from probes.manager import LOG_BACKUPS, EngineManager, group_pids
+from storage import queries as q
+from storage.settings import Settings
+
+FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_engine.py"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def _polled(m: EngineManager, desired: str) -> str:
+    """One supervision step, then the status it left."""
+    m.poll(desired)
+    return m.state.status
+
+
+def _spec(tmp_path: Path, **env: str) -> EngineSpec:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return parse_spec(
+        {
+            "name": "fake",
+            "model": str(model),
+            "vllm": str(FAKE),
+            "port": _port(),
+            "kv_cache_memory_bytes": 16 << 20,
+            "env": env,
+        }
+    )
+
+
+@pytest.fixture
+def managers() -> Iterator[list[EngineManager]]:
+    made: list[EngineManager] = []
+    yield made
+    for m in made:
+        m.stop(timeout=5)
+
+
+def _manager(
+    store: Engine, settings: Settings, spec: EngineSpec, made: list[EngineManager]
+) -> EngineManager:
+    m = EngineManager(store, settings.data_dir, spec)
+    made.append(m)
+    return m
+
+
+def test_start_parses_the_log_and_stop_takes_the_whole_group(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    m = _manager(store, settings, _spec(tmp_path), managers)
+    state = m.start(timeout=30)
+    assert state.status == "running" and state.message == "serving model"
+    pgid = state.pid
+    assert pgid is not None and len(group_pids(pgid)) == 2  # server + its child
+    _wait(lambda: "kv_capacity" in m.state.facts)
+    assert m.state.facts["kv_capacity"] == {"device": "CPU", "tokens": 16384.0}
+    target = q.get_target(store, "fake")
+    assert target.managed and target.enabled and target.base_url == m.spec.base_url
+    with pytest.raises(EngineError, match="already running"):
+        m.start()
+    m.stop()
+    assert group_pids(pgid) == [] and m.state.status == "stopped"
+    assert not q.get_target(store, "fake").enabled
+    kinds = [e.kind for e in q.events(store, 0, time.time() + 1)]
+    assert {"engine_starting", "engine_healthy", "engine_kv_capacity", "engine_stopped"} <= set(
+        kinds
+    )
+
+
+def test_a_crash_is_an_event_with_the_last_lines_and_it_restarts(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    m = _manager(store, settings, _spec(tmp_path, FAKE_ENGINE_CRASH_AFTER_S="1.5"), managers)
+    m.start(timeout=30)
+    first = m.state.pid
+    _wait(lambda: _polled(m, "running") == "crashed")
+    crash = q.events(store, 0, time.time() + 1, kinds=["engine_crashed"])[0]
+    assert crash.data["exit_code"] == 3
+    assert "RuntimeError: fake engine died" in "\n".join(crash.data["last_lines"])
+    assert any(e.kind == "engine_traceback" for e in q.events(store, 0, time.time() + 1))
+    assert first is not None and group_pids(first) == []  # the orphaned child was killed too
+    assert "restarting in 5 s" in m.state.message
+    m._next_restart = 0.0  # skip the backoff wait
+    m.poll("running")
+    assert m.state.status == "starting" and m.state.pid != first
+    m.spec = m.spec.model_copy(update={"env": {}})  # the next one stays up
+
+
+def test_a_crash_while_not_wanted_is_not_restarted(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    m = _manager(store, settings, _spec(tmp_path, FAKE_ENGINE_CRASH_AFTER_S="1"), managers)
+    m.start(timeout=30)
+    _wait(lambda: _polled(m, "stopped") == "crashed")
+    m._next_restart = 0.0
+    m.poll("stopped")
+    assert m.state.status == "crashed" and not m.alive()
+
+
+def test_refused_before_anything_starts(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    spec = _spec(tmp_path)
+    (Path(spec.model) / "config.json").unlink()
+    m = _manager(store, settings, spec, managers)
+    with pytest.raises(EngineError, match=r"has no config\.json"):
+        m.start()
+    assert not m.pid_path.exists() and m.state.status == "stopped"
+
+
+def test_adoption_and_cleanup_after_a_worker_dies(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    spec = _spec(tmp_path)
+    first = _manager(store, settings, spec, managers)
+    first.start(timeout=30)
+    pids = sorted(group_pids(first.state.pid or 0))
+    first.abandon()  # the worker process is gone; the engine is not
+    again = _manager(store, settings, spec, managers)
+    assert again.adopt_or_clean("running") is True
+    _wait(lambda: again._check_health() and again.state.status == "running")
+    assert sorted(group_pids(again.state.pid or 0)) == pids  # the same processes, no second
+    # A worker that no longer wants it (or has another spec) stops it instead.
+    third = _manager(store, settings, spec.model_copy(update={"max_model_len": 2048}), managers)
+    assert third.adopt_or_clean("running") is False
+    assert group_pids(pids[0]) == [] and not third.pid_path.exists()
+
+
+def test_log_rotation_keeps_backups(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    m = _manager(store, settings, _spec(tmp_path), managers)
+    m.run_dir.mkdir(parents=True)
+    for i in range(LOG_BACKUPS + 2):
+        m.log_path.write_text(f"generation {i}\n")
+        m._rotate(0)
+    assert m.log_path.read_text() == ""
+    assert m.log_path.with_suffix(".log.1").read_text() == f"generation {LOG_BACKUPS + 1}\n"
+    assert not m.log_path.with_suffix(f".log.{LOG_BACKUPS + 1}").exists()
+
+
+def test_kill_9_of_the_main_process(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    m = _manager(store, settings, _spec(tmp_path), managers)
+    m.start(timeout=30)
+    pid = m.state.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: _polled(m, "running") == "crashed")
+    crash = q.events(store, 0, time.time() + 1, kinds=["engine_crashed"])[0]
+    assert crash.data["exit_code"] == -signal.SIGKILL and group_pids(pid) == []
