@@ -467,8 +467,8 @@ def up(
             if p.poll() is None:
                 p.terminate()
         for p in procs:
-            try:
-                p.wait(timeout=20)
+            try:  # the worker stops its engine first: SIGTERM, then SIGKILL after 30 s
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
     dead = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, None)]

@@ -8,10 +8,12 @@ before anything starts.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -147,7 +149,7 @@ class EngineSpec(BaseModel):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": str(run_dir.parent / "vllm-cache"),
-            "TMPDIR": str(run_dir / "tmp"),
+            "TMPDIR": str(engine_tmp_dir(run_dir)),
             "PYTHONUNBUFFERED": "1",
         }
         if self.device == "cpu":
@@ -158,6 +160,20 @@ class EngineSpec(BaseModel):
         """A copyable shell line: environment, then argv."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment(run_dir).items())
         return f"env {env} {shlex.join(self.argv())}"
+
+
+# vLLM binds ZeroMQ sockets at TMPDIR/<uuid4>; a Unix socket path holds at most 107 bytes.
+_IPC_ROOM = 107 - len("/") - 36
+
+
+def engine_tmp_dir(run_dir: Path) -> Path:
+    """The engine's TMPDIR: inside its run folder, or a short folder of kvscope's own in the
+    system temp when that path is too long for vLLM's Unix sockets."""
+    inside = run_dir / "tmp"
+    if len(str(inside)) <= _IPC_ROOM:
+        return inside
+    digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"kvscope-{digest}"
 
 
 def parse_spec(data: dict[str, object]) -> EngineSpec:

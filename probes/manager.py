@@ -28,7 +28,7 @@ import httpx
 from sqlalchemy import Engine
 
 from planner.errors import EngineError
-from probes.engine import EngineSpec, preflight
+from probes.engine import EngineSpec, engine_tmp_dir, preflight
 from probes.logparse import LogFact, LogParser
 from storage import queries as q
 
@@ -125,7 +125,7 @@ class EngineManager:
         return self.state
 
     def _launch(self) -> None:
-        tmp = self.run_dir / "tmp"
+        tmp = engine_tmp_dir(self.run_dir)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +246,7 @@ class EngineManager:
         self._stop_tail()
         self._pgid, self._proc = None, None
         self.pid_path.unlink(missing_ok=True)
-        shutil.rmtree(self.run_dir / "tmp", ignore_errors=True)
+        shutil.rmtree(engine_tmp_dir(self.run_dir), ignore_errors=True)
         self.state.status, self.state.pid = "stopped", None
         q.upsert_managed_target(
             self.store,

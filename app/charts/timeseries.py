@@ -25,13 +25,16 @@ def _layout(fig: go.Figure, title: str, y_title: str, percent: bool = False) -> 
         title={"text": title, "x": 0.0, "font": {"size": 15}},
         height=280,
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
-        legend={"orientation": "h", "y": -0.2},
+        legend={"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"},
         hovermode="x unified",
         xaxis_title="time (UTC)",
         yaxis_title=y_title,
         template="plotly_white",
     )
-    fig.update_layout(yaxis={"rangemode": "tozero", "tickformat": ".0%" if percent else ""})
+    if percent:  # fractions: the whole 0-100% scale, so a full cache looks full
+        fig.update_layout(yaxis={"range": [0, 1.05], "tickformat": ".0%"})
+    else:
+        fig.update_layout(yaxis={"rangemode": "tozero"})
     return fig
 
 

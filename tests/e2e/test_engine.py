@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from planner.errors import InvalidInput
-from probes.engine import EngineSpec, parse_spec, port_in_use, preflight
+from probes.engine import EngineSpec, engine_tmp_dir, parse_spec, port_in_use, preflight
 from probes.manager import group_pids
 from probes.tinymodel import TinyParams
 from storage import queries as q
@@ -104,7 +104,7 @@ def test_engine_starts_from_its_spec_and_is_scraped(live: LiveWorker, cpu_engine
     } <= kinds
     # Caches and temporary files stay inside the data directory.
     run_dir = live.settings.data_dir / "engines" / "embedded"
-    assert (run_dir / "engine.log").stat().st_size > 0 and (run_dir / "tmp").is_dir()
+    assert (run_dir / "engine.log").stat().st_size > 0 and engine_tmp_dir(run_dir).is_dir()
 
 
 def test_planner_predicts_what_the_live_engine_allocated(live: LiveWorker, cpu_engine: str) -> None:
@@ -205,6 +205,6 @@ def test_stop_leaves_no_process_behind(live: LiveWorker, cpu_engine: str) -> Non
     assert group_pids(pid) == []
     assert not port_in_use("127.0.0.1", manager.spec.port)
     run_dir = live.settings.data_dir / "engines" / "embedded"
-    assert not (run_dir / "engine.pid").exists() and not (run_dir / "tmp").exists()
+    assert not (run_dir / "engine.pid").exists() and not engine_tmp_dir(run_dir).exists()
     time.sleep(5)  # the supervisor must not bring a stopped engine back
     assert manager.state.status == "stopped" and not group_pids(pid)

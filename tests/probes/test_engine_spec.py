@@ -119,3 +119,15 @@ def test_embedded_default(tmp_path: Path) -> None:
     assert spec.kv_cache_memory_bytes == 16 * 1024 * 1024
     assert spec.model == str(tmp_path / "models" / "tiny-llama")
     assert spec.python == str(tmp_path / "venv" / "bin" / "python")
+
+
+def test_tmpdir_stays_short_enough_for_vllms_unix_sockets(tmp_path: Path) -> None:
+    from probes.engine import engine_tmp_dir
+
+    short = Path("/srv/kv/engines/e1")
+    assert engine_tmp_dir(short) == short / "tmp"
+    deep = tmp_path / ("x" * 80) / "engines" / "embedded"
+    chosen = engine_tmp_dir(deep)
+    # vLLM binds ipc sockets at TMPDIR/<36-character uuid>; the path must fit in 107 bytes.
+    assert len(f"{chosen}/{'u' * 36}") <= 107
+    assert chosen == engine_tmp_dir(deep)  # stable, so stop can wipe it
