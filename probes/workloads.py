@@ -1,0 +1,469 @@
+"""Workload profiles: how long prompts and answers are, and how requests relate to each other.
+
+A profile is a pydantic model with a `kind`, stored as JSON and selectable by name from
+PRESETS; `profile.shapes(n, seed)` draws token lengths, the same for the same seed. A
+`PromptBuilder` turns shapes into prompts of an exact token count with the target's own
+`/tokenize`, falling back to a words-per-token estimate (tagged exact_tokens=false).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any, Literal
+
+import httpx
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    model_validator,
+)
+
+from planner.errors import InvalidInput, TargetError, UnknownChoice
+from probes.loadgen import RequestSpec, validated
+
+# Common English words, most of them one token in BPE vocabularies; a few longer ones so
+# that a prompt cannot be fitted by counting words alone.
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no will can more other what time up about into than its only new some could these "
+    "two may then do first any like now my such make over our even most after also did many "
+    "before must through back years where much your way well down should because each just "
+    "those people how too little state good very world still between government important "
+    "however without another general against during something information development"
+)
+VOCAB = tuple(_WORDS.split())
+# Words tried, in turn, where one word would overshoot the target by a token or more.
+SHORT = ("a", "I", "the", "of", "and", "to", "in", "is", "it", "on")
+WORDS_PER_TOKEN = 0.8  # VOCAB in tiny-llama's (Llama 3) tokenizer: 1.2 tokens a word
+MAX_TRIES = 24
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LengthDist(_Model):
+    """Lognormal token lengths: `median` and `sigma` of the log, clamped to [min, max].
+
+    sigma 0 gives `median` every time.
+    """
+
+    median: PositiveFloat
+    sigma: float = Field(0.5, ge=0, le=3)
+    min: PositiveInt = 1
+    max: PositiveInt = 32768
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthDist:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    def draw(self, rng: np.random.Generator) -> int:
+        x = self.median * float(np.exp(self.sigma * rng.standard_normal()))
+        return int(min(max(round(x), self.min), self.max))
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """Token lengths of one request and what it shares with others.
+
+    `prefix` (key, tokens): the first tokens are the same text for every shape with that
+    key. `session`/`turn`: turn k's prompt is turn k-1's prompt followed by new text.
+    """
+
+    prompt_tokens: int
+    output_tokens: int
+    prefix: tuple[str, int] | None = None
+    session: str | None = None
+    turn: int = 0
+    tags: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _Profile(_Model, ABC):
+    def shapes(self, n: int, seed: int = 0) -> list[RequestShape]:
+        """`n` request shapes, the same for the same seed."""
+        it = self.iter_shapes(np.random.default_rng(seed))
+        return [next(it) for _ in range(n)]
+
+    @abstractmethod
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        """Shapes without end, drawn from `rng`."""
+
+
+class FixedProfile(_Profile):
+    """Every request the same lengths (the OOM probe, a batch sweep, a quick latency check)."""
+
+    kind: Literal["fixed"] = "fixed"
+    prompt_tokens: PositiveInt
+    output_tokens: PositiveInt
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        while True:
+            yield RequestShape(self.prompt_tokens, self.output_tokens, tags={"profile": self.kind})
+
+
+class LognormalProfile(_Profile):
+    """Prompt and answer lengths drawn independently from lognormal distributions."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    prompt: LengthDist
+    output: LengthDist
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        while True:
+            p, o = self.prompt.draw(rng), self.output.draw(rng)
+            yield RequestShape(p, o, tags={"profile": self.kind})
+
+
+class EmpiricalProfile(_Profile):
+    """(prompt, output) pairs replayed at random: a trace, or a histogram with `weights`."""
+
+    kind: Literal["empirical"] = "empirical"
+    pairs: list[tuple[PositiveInt, PositiveInt]] = Field(min_length=1)
+    weights: list[PositiveFloat] | None = None
+
+    @model_validator(mode="after")
+    def _one_weight_per_pair(self) -> EmpiricalProfile:
+        if self.weights is not None and len(self.weights) != len(self.pairs):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.pairs)} pairs")
+        return self
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        p = None if self.weights is None else np.asarray(self.weights) / sum(self.weights)
+        while True:
+            prompt, output = self.pairs[int(rng.choice(len(self.pairs), p=p))]
+            yield RequestShape(prompt, output, tags={"profile": self.kind})
+
+
+class SharedPrefixProfile(_Profile):
+    """A system prompt of `prefix_tokens` shared by all (the prefix-cache case), then a
+    unique suffix. With `prefixes` > 1 each request takes one of that many at random."""
+
+    kind: Literal["shared_prefix"] = "shared_prefix"
+    prefix_tokens: PositiveInt
+    prefixes: PositiveInt = 1
+    suffix: LengthDist
+    output: LengthDist
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        while True:
+            key = f"p{int(rng.integers(self.prefixes))}"
+            prompt = self.prefix_tokens + self.suffix.draw(rng)
+            tags = {"profile": self.kind, "prefix": key}
+            yield RequestShape(prompt, self.output.draw(rng), (key, self.prefix_tokens), tags=tags)
+
+
+class MultiTurnProfile(_Profile):
+    """Chat sessions whose context grows: turn k sends every earlier prompt and answer
+    plus a new message. `sessions` run side by side, their turns interleaved; a session
+    ends after `turns` turns or when the next would exceed `max_context` tokens."""
+
+    kind: Literal["multi_turn"] = "multi_turn"
+    turns: PositiveInt = 5
+    sessions: PositiveInt = 8
+    first_prompt: LengthDist
+    next_prompt: LengthDist
+    output: LengthDist
+    max_context: PositiveInt = 8192
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        started = 0
+        live: list[tuple[str, int, int]] = []  # (session, next turn, context so far)
+        while True:
+            for slot in range(self.sessions):
+                if slot == len(live):
+                    live.append((f"s{started}", 0, 0))
+                    started += 1
+                session, turn, context = live[slot]
+                new = (self.first_prompt if turn == 0 else self.next_prompt).draw(rng)
+                output = self.output.draw(rng)
+                if turn > 0 and (turn >= self.turns or context + new + output > self.max_context):
+                    session, turn, context = f"s{started}", 0, 0
+                    started += 1
+                    new = self.first_prompt.draw(rng)
+                prompt = context + new
+                tags = {"profile": self.kind, "session": session, "turn": turn}
+                yield RequestShape(prompt, output, session=session, turn=turn, tags=tags)
+                live[slot] = (session, turn + 1, prompt + output)
+
+
+class MixItem(_Model):
+    """One component of a mix: a profile and its weight (and a name for the records)."""
+
+    weight: PositiveFloat
+    profile: Profile
+    name: str | None = None
+
+
+class MixProfile(_Profile):
+    """Each request drawn from one of the components with probability ∝ weight."""
+
+    kind: Literal["mix"] = "mix"
+    components: list[MixItem] = Field(min_length=1)
+
+    def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        streams = [
+            c.profile.iter_shapes(r)
+            for c, r in zip(self.components, rng.spawn(len(self.components)), strict=True)
+        ]
+        weights = np.asarray([c.weight for c in self.components])
+        p = weights / weights.sum()
+        while True:
+            i = int(rng.choice(len(streams), p=p))
+            shape = next(streams[i])
+            # Sessions and prefixes of different components must not meet.
+            name = self.components[i].name or str(i)
+            prefix = (
+                None if shape.prefix is None else (f"{name}.{shape.prefix[0]}", shape.prefix[1])
+            )
+            session = None if shape.session is None else f"{name}.{shape.session}"
+            tags = {**shape.tags, "component": name}
+            if session is not None:
+                tags["session"] = session
+            yield replace(shape, prefix=prefix, session=session, tags=tags)
+
+
+Profile = Annotated[
+    FixedProfile
+    | LognormalProfile
+    | EmpiricalProfile
+    | SharedPrefixProfile
+    | MultiTurnProfile
+    | MixProfile,
+    Field(discriminator="kind"),
+]
+MixItem.model_rebuild()
+_PROFILE: TypeAdapter[Profile] = TypeAdapter(Profile)
+
+
+def _dist(median: float, sigma: float, lo: int, hi: int) -> LengthDist:
+    return LengthDist(median=median, sigma=sigma, min=lo, max=hi)
+
+
+PRESETS: dict[str, Profile] = {
+    "fixed": FixedProfile(prompt_tokens=512, output_tokens=128),
+    "chat": LognormalProfile(prompt=_dist(120, 0.6, 8, 1024), output=_dist(200, 0.8, 8, 1024)),
+    # Mostly short, one in ten very long: the head-of-line blocking case.
+    "code-review": MixProfile(
+        components=[
+            MixItem(
+                weight=0.9,
+                name="short",
+                profile=LognormalProfile(
+                    prompt=_dist(400, 0.5, 32, 2048), output=_dist(150, 0.5, 16, 512)
+                ),
+            ),
+            MixItem(
+                weight=0.1,
+                name="long",
+                profile=LognormalProfile(
+                    prompt=_dist(6000, 0.15, 4000, 7000), output=_dist(300, 0.5, 16, 1024)
+                ),
+            ),
+        ]
+    ),
+    "multi-turn": MultiTurnProfile(
+        turns=5,
+        sessions=8,
+        first_prompt=_dist(200, 0.5, 16, 1024),
+        next_prompt=_dist(60, 0.5, 4, 512),
+        output=_dist(150, 0.6, 8, 512),
+    ),
+    "shared-prefix": SharedPrefixProfile(
+        prefix_tokens=1024, suffix=_dist(64, 0.5, 4, 512), output=_dist(128, 0.5, 8, 512)
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The preset called `name`."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownChoice("workload profile", name, PRESETS) from None
+
+
+def parse_profile(data: str | Mapping[str, Any]) -> Profile:
+    """A preset name, or a stored profile (a mapping with `kind`), validated."""
+    if isinstance(data, str):
+        return get_profile(data)
+    return validated(_ProfileField, {"profile": data}, "workload profile").profile
+
+
+class _ProfileField(_Model):
+    profile: Profile
+
+
+class PromptBuilder:
+    """Prompts of an exact token count, counted by the target's own `/tokenize`.
+
+    Text comes from a word stream seeded per request, so prompts differ (no accidental
+    prefix-cache hits) yet are the same for the same seed. Fitting adds or removes words
+    until the count is exact; the words-per-token ratio learned on the way and the word
+    count that fitted each length make most later prompts exact at the first count.
+    `chat` counts a prompt as the one user message of a /v1/chat/completions request.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        model: str,
+        *,
+        chat: bool = False,
+        seed: int = 0,
+        concurrency: int = 16,
+    ) -> None:
+        self.client, self.url, self.model = client, base_url.rstrip("/") + "/tokenize", model
+        self.chat, self.seed = chat, seed
+        self.exact: bool | None = None  # None until the first /tokenize says if it exists
+        self.tokens_per_word = 1 / WORDS_PER_TOKEN
+        self._fitted: dict[int, int] = {}  # tokens wanted -> words that fitted last time
+        self._heads: dict[str, str] = {}  # shared prefixes by key
+        self._known: dict[str, int] = {}  # token counts of heads: "" and shared prefixes
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def build(self, shapes: Sequence[RequestShape]) -> list[RequestSpec]:
+        """One RequestSpec per shape, in order; a session's turns are built one after another."""
+        if not shapes:
+            return []
+        out: list[RequestSpec | None] = [None] * len(shapes)
+        # The first prompt alone: it finds out whether /tokenize exists and learns the ratio.
+        out[0] = await self._one(0, shapes[0], None)
+        groups: dict[str, list[int]] = {}
+        singles: list[int] = []
+        for i, shape in enumerate(shapes[1:], start=1):
+            if shape.session is None:
+                singles.append(i)
+            else:
+                groups.setdefault(shape.session, []).append(i)
+
+        async def session(indices: list[int]) -> None:
+            history = None
+            if shapes[0].session == shapes[indices[0]].session and out[0] is not None:
+                history = (out[0].prompt, shapes[0].prompt_tokens)
+            for i in indices:
+                spec = out[i] = await self._one(i, shapes[i], history)
+                history = (spec.prompt, shapes[i].prompt_tokens)
+
+        async def single(i: int) -> None:
+            out[i] = await self._one(i, shapes[i], None)
+
+        await asyncio.gather(*map(single, singles), *map(session, groups.values()))
+        return [x for x in out if x is not None]
+
+    async def _one(
+        self, index: int, shape: RequestShape, history: tuple[str, int] | None
+    ) -> RequestSpec:
+        """The request for `shape`; `history` is the session's previous prompt and its tokens."""
+        head, base = "", None
+        if history is not None:
+            head, base = history[0], history[1] if self.exact else None
+        elif shape.prefix is not None:
+            head = await self._prefix(*shape.prefix)
+        rng = random.Random(f"{self.seed}:{index}")
+        text = await self.fit(head, shape.prompt_tokens, rng, base)
+        tags = {**shape.tags, "exact_tokens": bool(self.exact)}
+        return RequestSpec(text, shape.output_tokens, shape.session, tags)
+
+    async def _prefix(self, key: str, tokens: int) -> str:
+        """The shared head for `key`, fitted once."""
+        name = f"{key}:{tokens}"
+        if name not in self._heads:
+            text = await self.fit("", tokens, random.Random(f"{self.seed}:{name}"))
+            self._heads[name] = text
+            if self.exact:
+                self._known[text] = tokens
+        return self._heads[name]
+
+    async def fit(self, head: str, target: int, rng: random.Random, base: int | None = None) -> str:
+        """`head` (of `base` tokens, if known) followed by words from `rng`, `target` tokens in
+        all: exactly, when the target has /tokenize."""
+        base = base if base is not None else self._known.get(head)
+        if base is None:
+            base = await self.count(head)
+            if base is None:
+                return _join(head, [rng.choice(VOCAB) for _ in range(_approx(target, head))])
+            if not head:
+                self._known[head] = base
+        if base > target:
+            raise InvalidInput(f"cannot fit {target} tokens: the shared part alone has {base}")
+        need = target - base
+        if need == 0:
+            return head
+        words: list[str] = []
+        short = iter(SHORT * 4)
+        # Word counts known to give too few (lo) and too many (hi) tokens.
+        lo, hi = 0, None
+        k = self._fitted.get(need, max(1, round(need / self.tokens_per_word)))
+        for _ in range(MAX_TRIES):
+            while len(words) < k:
+                words.append(rng.choice(VOCAB))
+            n = await self.count(_join(head, words[:k]))
+            assert n is not None  # None only when the very first count finds no /tokenize
+            if n == target:
+                self._fitted[need] = k
+                self.tokens_per_word = 0.8 * self.tokens_per_word + 0.2 * (n - base) / k
+                return _join(head, words[:k])
+            if n < target:
+                lo = max(lo, k)
+            else:
+                hi = k if hi is None else min(hi, k)
+            if hi == lo + 1:
+                # Word `lo` alone jumps past the target: put a short word in its place.
+                words[lo] = next(short, "a")
+                k, hi = lo + 1, None
+                continue
+            step = max(1, round(abs(target - n) / self.tokens_per_word))
+            k = k + step if n < target else k - step
+            if k <= lo or (hi is not None and k >= hi):
+                k = lo + 1 if hi is None else (lo + hi) // 2
+        raise TargetError(
+            f"could not build a prompt of exactly {target} tokens with the target's /tokenize "
+            f"after {MAX_TRIES} tries"
+        )
+
+    async def count(self, text: str) -> int | None:
+        """Tokens of `text` as the target counts them; None when it has no /tokenize."""
+        if self.exact is False:
+            return None
+        body: dict[str, Any] = {"model": self.model}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        url = self.url
+        async with self._slots:
+            try:
+                resp = await self.client.post(url, json=body)
+            except httpx.HTTPError as err:
+                raise TargetError(f"cannot reach {url}: {type(err).__name__}: {err}") from err
+        if resp.status_code in (404, 405, 501) and self.exact is None:
+            self.exact = False  # not a vLLM server: estimate from here on
+            return None
+        if resp.status_code != 200:
+            raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        self.exact = True
+        return int(resp.json()["count"])
+
+
+def _join(head: str, words: Sequence[str]) -> str:
+    tail = " ".join(words)
+    return f"{head} {tail}" if head and tail else head or tail
+
+
+def _approx(target: int, head: str) -> int:
+    """Words to add to `head` for `target` tokens by the rule of thumb (one BOS token)."""
+    have = 1 + len(head.split()) / WORDS_PER_TOKEN if head else 1
+    return max(0, round((target - have) * WORDS_PER_TOKEN))
