@@ -3,8 +3,9 @@
 Why not httpx's default (httpcore + h11): it costs about 0.9 ms of CPU per 16-token streamed
 response and walks its whole pool on every request, so one core tops out near 700 requests/s
 with a TTFT overhead above 1 ms; this transport holds about 2000/s at 0.6 ms
-(`python -m benchmarks.loadgen --transport httpx` measures the default for comparison). It does only what a load generator needs: keep-alive, chunked
-and content-length bodies, TLS, and a retry when a kept-alive connection was closed.
+(`python -m benchmarks.loadgen --transport httpx` measures the default for comparison).
+It does only what a load generator needs: keep-alive, chunked and content-length bodies,
+TLS, and a retry when a kept-alive connection was closed.
 """
 
 from __future__ import annotations
