@@ -30,6 +30,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
+from probes.demo import DemoLoad
 from probes.engine import parse_spec
 from probes.gpu import GpuSampler
 from probes.manager import EngineManager
@@ -191,6 +192,7 @@ class Worker:
         self._active: dict[int, Future[None]] = {}
         self.engines: dict[str, EngineManager] = {}
         self.keep_engines = False  # tests: leave engines running, as a crashed worker would
+        self.demo: DemoLoad | None = None
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=self.engine)},
             executors={"default": JobThreadPool(max_workers=8)},
@@ -249,6 +251,8 @@ class Worker:
                 log.exception("could not adopt or clean up engine %s", name)
         self.scheduler.start()
         self.sync_targets()
+        if self.settings.demo_load:
+            self._start_demo_load()
         q.record_event(
             self.engine,
             "worker_started",
@@ -279,6 +283,8 @@ class Worker:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         self._runs.shutdown(wait=False, cancel_futures=True)
+        if self.demo is not None:
+            self.demo.stop()
         for manager in self.engines.values():
             if self.keep_engines:
                 manager.abandon()
@@ -330,6 +336,19 @@ class Worker:
         elif manager.spec != spec and not manager.alive():
             manager.spec = spec
         return manager
+
+    def _start_demo_load(self) -> None:
+        """Light load on the embedded engine, sent only while it runs."""
+        try:
+            manager = self.engine_manager("embedded")
+        except KvscopeError:
+            return  # no embedded engine configured: nothing to load
+        self.demo = DemoLoad(
+            manager.spec.base_url,
+            manager.spec.served_name,
+            ready=lambda: manager.state.status == "running",
+        )
+        self.demo.start()
 
     def supervise_engines(self) -> None:
         """One supervision pass over every stored engine."""

@@ -50,7 +50,9 @@ class Settings(BaseSettings):
     embedded_kv_bytes: int = Field(
         16 * 1024 * 1024, ge=1 << 20, description="KV space of the embedded CPU engine"
     )
-    demo_load: bool = Field(True, description="a light built-in load on the embedded engine")
+    # Off for a plain `kvscope worker`: a worker sends traffic only when asked; `kvscope up`
+    # turns it on for the embedded engine unless given --no-demo-load.
+    demo_load: bool = Field(False, description="a light built-in load on the embedded engine")
 
     @model_validator(mode="after")
     def _resolve(self) -> Settings:
