@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,9 @@ RESET_WATCH = ("generation_tokens_total", "prompt_tokens_total", "preemptions_to
 MAX_BACKOFF_S = 60.0
 
 Handler = Callable[["Worker", RunRow], dict[str, Any]]
-_CURRENT: Worker | None = None
+# Jobs name their worker by key: the job store keeps references, not objects, and a process
+# (a test session, say) may hold more than one worker.
+_WORKERS: dict[str, Worker] = {}
 
 
 class RunCancelled(KvscopeError):
@@ -70,40 +73,40 @@ class _TargetState:
 # --- job entry points: module level, so the SQLAlchemy job store can reference them ------
 
 
-def scrape_job(target_id: int) -> None:
+def scrape_job(key: str, target_id: int) -> None:
     """Scrape one target (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.scrape_target(target_id)
+    if worker := _WORKERS.get(key):
+        worker.scrape_target(target_id)
 
 
-def rollup_job() -> None:
+def rollup_job(key: str) -> None:
     """Roll up raw samples (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.guarded("rollup", lambda w: run_rollups(w.engine))
+    if worker := _WORKERS.get(key):
+        worker.guarded("rollup", lambda w: run_rollups(w.engine))
 
 
-def retention_job() -> None:
+def retention_job(key: str) -> None:
     """Expire old data (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.guarded("retention", lambda w: expire(w.engine, w.settings.retention))
+    if worker := _WORKERS.get(key):
+        worker.guarded("retention", lambda w: expire(w.engine, w.settings.retention))
 
 
-def gpu_job() -> None:
+def gpu_job(key: str) -> None:
     """Publish the GPU state (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.guarded("gpu", lambda w: q.put_state(w.engine, "gpu", w.gpus.state()))
+    if worker := _WORKERS.get(key):
+        worker.guarded("gpu", lambda w: q.put_state(w.engine, "gpu", w.gpus.state()))
 
 
-def heartbeat_job() -> None:
+def heartbeat_job(key: str) -> None:
     """Tell the console this worker is alive (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.guarded("heartbeat", lambda w: w.publish_heartbeat())
+    if worker := _WORKERS.get(key):
+        worker.guarded("heartbeat", lambda w: w.publish_heartbeat())
 
 
-def engines_job() -> None:
+def engines_job(key: str) -> None:
     """Supervise managed engines: health, crashes, restarts (APScheduler job)."""
-    if _CURRENT is not None:
-        _CURRENT.guarded("engines", lambda w: w.supervise_engines())
+    if worker := _WORKERS.get(key):
+        worker.guarded("engines", lambda w: w.supervise_engines())
 
 
 # --- built-in work handlers ----------------------------------------------------------------
@@ -185,6 +188,7 @@ class Worker:
         self.writer = SampleWriter(self.engine)
         self.gpus = GpuSampler()
         self.started_at = time.time()
+        self.key = uuid.uuid4().hex
         self._states: dict[int, _TargetState] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -203,8 +207,7 @@ class Worker:
 
     def start(self) -> None:
         """Recover from a previous process, schedule the jobs, start the scheduler."""
-        global _CURRENT
-        _CURRENT = self
+        _WORKERS[self.key] = self
         n = q.interrupt_running(self.engine, "the worker stopped while this run was running")
         if n:
             q.record_event(
@@ -213,44 +216,35 @@ class Worker:
                 f"{n} run(s) left running by a previous worker marked interrupted",
                 severity="warning",
             )
+        # Paused while the stored jobs of a previous worker process are replaced by ours.
+        self.scheduler.start(paused=True)
+        for job in self.scheduler.get_jobs():
+            if tuple(job.args[:1]) != (self.key,):
+                job.remove()
         s = self.settings
-        self.scheduler.add_job(
-            rollup_job, "interval", seconds=s.rollup_interval_s, id="rollup", replace_existing=True
-        )
-        self.scheduler.add_job(
-            retention_job, "interval", seconds=600, id="retention", replace_existing=True
-        )
-        self.scheduler.add_job(
-            gpu_job,
-            "interval",
-            seconds=s.gpu_interval_s,
-            id="gpu",
-            replace_existing=True,
-            next_run_time=_soon(),
-        )
-        self.scheduler.add_job(
-            heartbeat_job,
-            "interval",
-            seconds=5,
-            id="heartbeat",
-            replace_existing=True,
-            next_run_time=_soon(),
-        )
-        self.scheduler.add_job(
-            engines_job,
-            "interval",
-            seconds=2,
-            id="engines",
-            replace_existing=True,
-            next_run_time=_soon(),
-        )
+        for job_fn, job_id, every in (
+            (rollup_job, "rollup", s.rollup_interval_s),
+            (retention_job, "retention", 600.0),
+            (gpu_job, "gpu", s.gpu_interval_s),
+            (heartbeat_job, "heartbeat", 5.0),
+            (engines_job, "engines", 2.0),
+        ):
+            self.scheduler.add_job(
+                job_fn,
+                "interval",
+                seconds=every,
+                args=[self.key],
+                id=job_id,
+                replace_existing=True,
+                next_run_time=_soon(),
+            )
         for name, _, desired in q.list_engine_specs(self.engine):
             try:
                 self.engine_manager(name).adopt_or_clean(desired)
             except Exception:
                 log.exception("could not adopt or clean up engine %s", name)
-        self.scheduler.start()
         self.sync_targets()
+        self.scheduler.resume()
         if self.settings.demo_load:
             self._start_demo_load()
         q.record_event(
@@ -278,7 +272,6 @@ class Worker:
 
     def stop(self) -> None:
         """Stop the scheduler and runs; runs still going are marked interrupted."""
-        global _CURRENT
         self._stop.set()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
@@ -298,8 +291,7 @@ class Worker:
             self.engine, "worker", {"pid": os.getpid(), "running": False, "stopped_at": time.time()}
         )
         self.gpus.close()
-        if _CURRENT is self:
-            _CURRENT = None
+        _WORKERS.pop(self.key, None)
 
     def guarded(self, what: str, fn: Callable[[Worker], object]) -> None:
         """Run a periodic task; log its failure instead of killing the job."""
@@ -375,7 +367,7 @@ class Worker:
                 scrape_job,
                 "interval",
                 seconds=self.settings.scrape_interval_s,
-                args=[tid],
+                args=[self.key, tid],
                 id=f"scrape:{tid}",
                 replace_existing=True,
                 next_run_time=_soon(),

@@ -28,11 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `engine_last` (kill, stop) run after every other test of the session."""
-    items.sort(key=lambda item: item.get_closest_marker("engine_last") is not None)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -183,3 +183,27 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
     w.stop()
     assert group_pids(pid) == []
     assert [e.kind for e in q.events(w.engine, 0, time.time() + 1, kinds=["engine_stopped"])]
+
+
+def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings) -> None:
+    first = Worker(settings)
+    q.add_target(first.engine, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:9"}))
+    first.start()
+    first.scheduler.shutdown(wait=False)  # the process died: its jobs stay in the job store
+    second = Worker(settings)
+    second.start()
+    try:
+        jobs = second.scheduler.get_jobs()
+        assert {j.id for j in jobs} == {
+            "rollup",
+            "retention",
+            "gpu",
+            "heartbeat",
+            "engines",
+            "scrape:1",
+        }
+        assert all(j.args[0] == second.key for j in jobs)
+        # Two workers in one process (tests do this) never run each other's jobs.
+        assert second.key != first.key
+    finally:
+        second.stop()
