@@ -22,6 +22,7 @@ import typer
 from sqlalchemy import Engine
 
 from app.plan_cli import plan
+from app.probe_cli import probe_app
 from planner.errors import InvalidInput, KvscopeError
 from storage.settings import Settings
 
@@ -40,6 +41,7 @@ model_app = typer.Typer(help="Local models for the embedded engine.", no_args_is
 app.add_typer(target_app, name="target")
 app.add_typer(engine_app, name="engine")
 app.add_typer(model_app, name="model")
+app.add_typer(probe_app, name="probe")
 app.command("plan")(plan)
 
 ROOT = Path(__file__).resolve().parent.parent

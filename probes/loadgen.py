@@ -99,12 +99,13 @@ class Arrival(BaseModel):
         return [float(x) for x in t]
 
     def within(self, duration_s: float, seed: int = 0) -> list[float]:
-        """Every send time in [0, duration_s] (how many is up to the process, for Poisson)."""
+        """Every send time in [0, duration_s): a constant 20/s for 1 s is 20 requests (how
+        many is up to the process, for Poisson)."""
         peak = max(self.rate, self.end_rate or 0.0)
         n = int(peak * duration_s * 1.5) + 16
-        while (t := self.offsets(n, seed))[-1] <= duration_s:
+        while (t := self.offsets(n, seed))[-1] < duration_s:
             n *= 2
-        return [x for x in t if x <= duration_s]
+        return [x for x in t if x < duration_s]
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,8 @@ from probes.engine import parse_spec
 from probes.gpu import GpuSampler
 from probes.manager import EngineManager
 from probes.metrics import summarize
+from probes.probe import ProbeCancelled
+from probes.runner import PROBES, StoredRun, parse_params
 from probes.scrape import scrape
 from storage import queries as q
 from storage.db import open_store
@@ -54,10 +56,6 @@ Handler = Callable[["Worker", RunRow], dict[str, Any]]
 # Jobs name their worker by key: the job store keeps references, not objects, and a process
 # (a test session, say) may hold more than one worker.
 _WORKERS: dict[str, Worker] = {}
-
-
-class RunCancelled(KvscopeError):
-    """Raised inside a handler when the user asked the run to stop."""
 
 
 @dataclass
@@ -163,7 +161,26 @@ def engine_restart(worker: Worker, run: RunRow) -> dict[str, Any]:
     return asdict(manager.state)
 
 
+def run_probe(worker: Worker, run: RunRow) -> dict[str, Any]:
+    """Run a requested probe against its target, storing progress and request records."""
+    params = parse_params(run.kind, run.params)
+    if run.target_id is None:
+        raise NotFound("this probe run names no target")
+    target = worker.target(run.target_id)
+    facts = worker.engine_facts(target.name) if target.managed else {}
+    stored = StoredRun(worker.engine, run.id, stop=worker._stop)
+    return stored.run(
+        run.kind,
+        params,
+        target.base_url,
+        managed=target.managed,
+        facts=facts,
+        model=target.model_name,
+    )
+
+
 BUILTIN_HANDLERS: dict[str, Handler] = {
+    **dict.fromkeys(PROBES, run_probe),
     "check_target": check_target,
     "engine_start": engine_start,
     "engine_stop": engine_stop,
@@ -342,6 +359,13 @@ class Worker:
         )
         self.demo.start()
 
+    def engine_facts(self, name: str) -> dict[str, Any]:
+        """What the managed engine's spec and startup say, for probes to compare against."""
+        manager = self.engines.get(name)
+        if manager is None:
+            return {}
+        return {"spec": manager.spec.model_dump(), "startup": dict(manager.state.facts)}
+
     def supervise_engines(self) -> None:
         """One supervision pass over every stored engine."""
         for name, _, desired in q.list_engine_specs(self.engine):
@@ -484,8 +508,8 @@ class Worker:
         handler = self.handlers[run.kind]
         try:
             summary = handler(self, run)
-        except RunCancelled as err:
-            q.update_run(self.engine, run.id, status="cancelled", error=str(err) or None)
+        except ProbeCancelled as err:
+            q.update_run(self.engine, run.id, status="cancelled", error=str(err))
         except KvscopeError as err:
             q.update_run(self.engine, run.id, status="failed", error=str(err))
         except Exception as err:
@@ -497,7 +521,16 @@ class Worker:
                 error=f"internal error in the {run.kind} handler: {type(err).__name__}: {err}",
             )
         else:
-            q.update_run(self.engine, run.id, status="done", progress=1.0, summary=summary)
+            if summary.pop("cancelled", False):
+                q.update_run(
+                    self.engine,
+                    run.id,
+                    status="cancelled",
+                    summary=summary,
+                    error="cancelled on request; the results so far are kept",
+                )
+            else:
+                q.update_run(self.engine, run.id, status="done", progress=1.0, summary=summary)
 
     def cancelled(self, run_id: int) -> bool:
         """Whether the user asked this run to stop (handlers poll this)."""

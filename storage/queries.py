@@ -453,3 +453,24 @@ def upsert_managed_target(
             t.consecutive_failures = 0
         s.flush()
         return t.id
+
+
+def start_run(
+    engine: Engine, kind: str, params: dict[str, Any], target_id: int | None = None
+) -> RunRow:
+    """A run carried out by the caller itself (the CLI): stored as running, never queued, so
+    no worker picks it up."""
+    with transaction(engine) as s:
+        run = ProbeRun(
+            kind=kind, params=params, target_id=target_id, status="running", started_at=time.time()
+        )
+        s.add(run)
+        s.flush()
+        return RunRow.model_validate(run, from_attributes=True)
+
+
+def find_target_by_url(engine: Engine, base_url: str) -> TargetRow | None:
+    """The stored target with this base URL, if any."""
+    with session_factory(engine)() as s:
+        t = s.scalars(select(Target).where(Target.base_url == base_url)).first()
+        return _target_row(t) if t else None

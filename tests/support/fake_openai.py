@@ -50,6 +50,7 @@ class FakeConfig:
     error_every: int = 0  # every n-th generation request answers HTTP 500
     tokenize_endpoint: bool = True  # False: /tokenize is 404, as on non-vLLM servers
     keep_bodies: bool = False  # keep every generation request body (tests inspect prompts)
+    metrics: bool = False  # serve a minimal vLLM-style /metrics (idle gauges, no histograms)
 
 
 @dataclass
@@ -72,6 +73,14 @@ class FakeOpenAI:
             # `vllm bench serve` without --model reads the id and `root` of the first model.
             card |= {"root": cfg.model, "max_model_len": cfg.max_model_len}
             return 200, json.dumps({"object": "list", "data": [card]}).encode(), None
+        if method == "GET" and path == "/health":
+            return 200, b"", None
+        if method == "GET" and path == "/metrics" and cfg.metrics:
+            text = (f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
+                    f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} 0.0\n'
+                    f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} 0.0\n'
+                    f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} 0.0\n')
+            return 200, text.encode(), None
         if method != "POST":
             return 404, b'{"detail":"Not Found"}', None
         req = json.loads(body or b"{}")

@@ -1,0 +1,156 @@
+"""The batch sweep, OOM, KV usage and capacity probes: their judgement on hand-made data,
+and whole runs against the loopback stand-in (the real engine runs them in tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from planner.errors import InvalidInput
+from probes import capacity, latency
+from probes.batch_sweep import find_knee
+from probes.kv_usage import trend
+from probes.loadgen import RequestResult
+from probes.oom import classify
+from probes.probe import ProbeContext
+from probes.runner import execute, parse_params
+from tests.support.fake_openai import FakeConfig, serve
+
+
+def _step(c: int, tps: float, e2e: float) -> dict[str, Any]:
+    return {"concurrency": c, "output_tokens_per_s": tps, "e2e_s": {"p50": e2e}}
+
+
+def test_knee_is_where_throughput_stops_rising_but_latency_does_not() -> None:
+    steps = [
+        _step(1, 100, 1.0),
+        _step(2, 190, 1.05),
+        _step(4, 350, 1.15),
+        _step(8, 370, 2.1),
+        _step(16, 372, 4.3),
+    ]
+    knee = find_knee(steps, 0.10)
+    assert knee["concurrency"] == 4
+    assert knee["gain"] == pytest.approx(370 / 350 - 1)
+    assert knee["latency_growth"] == pytest.approx(2.1 / 1.15 - 1)
+    assert "knee at concurrency 4: going to 8 adds +6% throughput but +83% E2E" in knee["message"]
+    rising = find_knee(steps[:3], 0.10)
+    assert rising["concurrency"] is None and "no knee up to concurrency 4" in rising["message"]
+
+
+def _rec(status: str = "ok", http: int | None = 200, error: str | None = None) -> RequestResult:
+    return RequestResult(0, 0.0, 0.0, 0.1, 0.2, 10, 2, status, http, "length", error, {}, [], {})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("records", "peaks", "pre", "outcome"),
+    [
+        ([_rec()] * 4, {"running": 4, "waiting": 0}, 0, "ok"),
+        ([_rec()] * 4, {"running": 4, "waiting": 0}, 3, "kv_exhausted"),
+        ([_rec()] * 4, {"running": 3, "waiting": 1}, 0, "kv_exhausted"),
+        ([_rec()] * 4, {"running": 2, "waiting": 0}, 0, "ok"),  # the sampler missed the peak
+        (
+            [_rec("error", 400, "This model's maximum context length is 2048 tokens. However")] * 2,
+            {},
+            0,
+            "rejected_too_long",
+        ),
+        ([_rec("error", 500, "CUDA out of memory. Tried to allocate 2 GiB")], {}, 0, "engine_oom"),
+        ([_rec("error", None, "the request timed out after 180 s")], {}, 0, "timeout"),
+        ([_rec("error", 502, "bad gateway")], {}, 0, "errors"),
+    ],
+)
+def test_oom_step_outcomes(
+    records: list[RequestResult], peaks: dict[str, float | None], pre: float, outcome: str
+) -> None:
+    assert classify(records, 4, peaks, pre)[0] == outcome
+
+
+def test_kv_trend_is_a_slope_per_minute() -> None:
+    points = [{"t": float(t), "kv_usage": 0.1 + 0.002 * t} for t in range(60)]
+    got = trend(points, 10, 50)
+    assert got["slope_per_min"] == pytest.approx(0.12)
+    assert trend(points[:2], 0, 60)["slope_per_min"] is None
+
+
+def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_measure(
+        ctx: ProbeContext, params: Any, rate: float, step: str, share: tuple[float, float] = (0, 1)
+    ) -> dict[str, Any]:
+        inside = 0.95 if rate <= 5.3 else 0.5  # the SLO holds up to 5.3 req/s
+        return {
+            "slo_share": inside,
+            "trustworthy": True,
+            "requests": 10,
+            "errors": 0,
+            "ttft_s": {},
+            "tpot_s": {},
+            "requests_per_s": rate,
+        }
+
+    monkeypatch.setattr(latency, "measure", fake_measure)
+    params = parse_params(
+        "capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "share": 0.9, "iterations": 3}
+    )
+    ctx = ProbeContext("http://x", "m", None)  # type: ignore[arg-type]
+    out = asyncio.run(capacity.run(ctx, params))  # type: ignore[arg-type]
+    assert [s["rate"] for s in out["steps"]] == [1, 2, 4, 8, 6, 5, 5.5]
+    assert out["capacity_rps"] == 5 and out["first_failing_rps"] == 5.5
+    assert "capacity 5 req/s" in out["message"]
+
+
+def test_sweep_runs_every_step() -> None:
+    params = parse_params(
+        "batch_sweep",
+        {
+            "concurrencies": [1, 2, 4],
+            "requests_per_step": 8,
+            "prompt_tokens": 16,
+            "output_tokens": 8,
+        },
+    )
+    with serve(FakeConfig(itl_s=0.002)) as fake:
+        out = asyncio.run(execute("batch_sweep", params, fake.url))
+    assert [s["concurrency"] for s in out["steps"]] == [1, 2, 4]
+    assert all(s["ok"] == 8 and s["output_tokens_per_s"] > 0 for s in out["steps"])
+    # The stand-in streams in parallel without limit: throughput keeps rising, no knee.
+    assert out["knee"]["concurrency"] is None
+
+
+def test_oom_finds_the_context_limit_and_needs_consent() -> None:
+    with pytest.raises(InvalidInput, match="set confirm to run it"):
+        parse_params("oom", {})
+    params = parse_params(
+        "oom", {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8}
+    )
+    with serve(FakeConfig(max_model_len=2048, metrics=True)) as fake:
+        with pytest.raises(InvalidInput, match="set allow_external"):
+            asyncio.run(execute("oom", params, fake.url))
+        out = asyncio.run(execute("oom", params, fake.url, managed=True))
+    assert [s["context"] for s in out["steps"]] == [512, 1024, 1536, 2048, 2560]
+    assert out["last_good_context"] == 2048
+    assert out["failure"]["kind"] == "rejected_too_long" and out["failure"]["context"] == 2560
+    assert out["health_after"] == "healthy"
+
+
+def test_kv_usage_timeline_and_verdict() -> None:
+    params = parse_params(
+        "kv_usage",
+        {
+            "rate": 10,
+            "duration_s": 2,
+            "baseline_s": 0.5,
+            "cooldown_s": 1.5,
+            "sample_every_s": 0.2,
+            "prompt_tokens": 32,
+            "prefix_tokens": 16,
+            "output_tokens": 4,
+        },
+    )
+    with serve(FakeConfig(metrics=True)) as fake:
+        out = asyncio.run(execute("kv_usage", params, fake.url))
+    assert out["requests"] == 20 and out["unique_prefixes"] == 5
+    assert len(out["timeline"]) >= 10
+    assert out["slope_per_min"] == 0 and out["returned_to_baseline"] is True
