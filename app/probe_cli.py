@@ -164,3 +164,140 @@ def latency(
         as_json,
         set_,
     )
+
+
+@probe_app.command("sweep")
+def sweep(
+    target: Target,
+    concurrency: Annotated[
+        list[int] | None,
+        typer.Option(
+            help="concurrencies to try, repeatable (default: 1, 2, 4 ... --max-concurrency)"
+        ),
+    ] = None,
+    max_concurrency: Annotated[int, typer.Option(help="largest concurrency")] = 16,
+    requests_per_step: Annotated[int | None, typer.Option(help="default 4 x concurrency")] = None,
+    prompt_tokens: Annotated[int, typer.Option()] = 256,
+    output_tokens: Annotated[int, typer.Option()] = 128,
+    model: Model = None,
+    as_json: Json = False,
+    set_: Sets = None,
+) -> None:
+    """Throughput against latency at growing concurrency, and where the knee is."""
+    run_cli_probe(
+        "batch_sweep",
+        target,
+        {
+            "concurrencies": concurrency or None,
+            "max_concurrency": max_concurrency,
+            "requests_per_step": requests_per_step,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+        },
+        model,
+        as_json,
+        set_,
+    )
+
+
+@probe_app.command("oom")
+def oom(
+    target: Target,
+    confirm: Annotated[
+        bool, typer.Option("--confirm", help="required: the probe pushes the engine until it fails")
+    ] = False,
+    batch: Annotated[int, typer.Option(help="concurrent sequences per step")] = 4,
+    start_context: Annotated[int, typer.Option()] = 1024,
+    step: Annotated[int, typer.Option(help="tokens added per step")] = 1024,
+    max_context: Annotated[int | None, typer.Option()] = None,
+    bisect: Annotated[bool, typer.Option(help="narrow the frontier down after a failure")] = False,
+    allow_external: Annotated[
+        bool, typer.Option(help="allow an engine kvscope does not manage")
+    ] = False,
+    model: Model = None,
+    as_json: Json = False,
+    set_: Sets = None,
+) -> None:
+    """Grow the context of a batch until the engine queues, preempts, rejects or fails."""
+    run_cli_probe(
+        "oom",
+        target,
+        {
+            "confirm": confirm,
+            "batch": batch,
+            "start_context": start_context,
+            "step": step,
+            "max_context": max_context,
+            "search": "bisect" if bisect else "step",
+            "allow_external": allow_external,
+        },
+        model,
+        as_json,
+        set_,
+    )
+
+
+@probe_app.command("kv-usage")
+def kv_usage(
+    target: Target,
+    rate: Annotated[float, typer.Option(help="requests per second")] = 2.0,
+    duration: Annotated[float, typer.Option(help="seconds of load")] = 60.0,
+    prompt_tokens: Annotated[int, typer.Option()] = 256,
+    prefix_tokens: Annotated[int, typer.Option(help="shared prefix length")] = 128,
+    output_tokens: Annotated[int, typer.Option()] = 128,
+    model: Model = None,
+    as_json: Json = False,
+    set_: Sets = None,
+) -> None:
+    """KV usage under a steady load with growing prefixes: its slope, and whether it returns."""
+    run_cli_probe(
+        "kv_usage",
+        target,
+        {
+            "rate": rate,
+            "duration_s": duration,
+            "prompt_tokens": prompt_tokens,
+            "prefix_tokens": prefix_tokens,
+            "output_tokens": output_tokens,
+        },
+        model,
+        as_json,
+        set_,
+    )
+
+
+@probe_app.command("capacity")
+def capacity(
+    target: Target,
+    ttft_slo: Annotated[float, typer.Option(help="TTFT bound, seconds")],
+    tpot_slo: Annotated[float, typer.Option(help="TPOT bound, seconds")],
+    share: Annotated[float, typer.Option(help="share of requests inside both")] = 0.9,
+    start_rate: Annotated[float, typer.Option()] = 1.0,
+    max_rate: Annotated[float, typer.Option()] = 64.0,
+    duration: Annotated[float, typer.Option(help="seconds per rate")] = 20.0,
+    prompt_tokens: Annotated[int | None, typer.Option()] = None,
+    output_tokens: Annotated[int | None, typer.Option()] = None,
+    profile: Annotated[str | None, typer.Option()] = None,
+    model: Model = None,
+    as_json: Json = False,
+    set_: Sets = None,
+) -> None:
+    """The highest request rate at which the SLO holds (bracketing, then bisection)."""
+    run_cli_probe(
+        "capacity",
+        target,
+        {
+            "ttft_slo_s": ttft_slo,
+            "tpot_slo_s": tpot_slo,
+            "share": share,
+            "start_rate": start_rate,
+            "max_rate": max_rate,
+            "duration_s": duration,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "profile": profile,
+        },
+        model,
+        as_json,
+        set_,
+    )

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, mode
 
 from planner.errors import InvalidInput
 from probes.http1 import LeanTransport
+from storage.schemas import validation_message
 
 Api = Literal["completions", "chat"]
 Status = Literal["ok", "error", "cancelled"]
@@ -46,10 +47,7 @@ def validated(model: type[M], data: Mapping[str, Any], what: str) -> M:
     try:
         return model.model_validate(dict(data))
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in err.errors()
-        )
-        raise InvalidInput(f"invalid {what}: {problems}") from err
+        raise InvalidInput(f"invalid {what}: {validation_message(err)}") from err
 
 
 class Arrival(BaseModel):

@@ -57,7 +57,7 @@ class Params(ProbeParams):
         if not self.confirm:
             raise ValueError(
                 "the OOM probe pushes the engine until it fails (it may crash it "
-                "and interrupt other traffic): set confirm to run it"
+                "and interrupt other traffic): confirm to run it (--confirm from a shell)"
             )
         if self.output_tokens >= self.start_context:
             raise ValueError("output_tokens must be smaller than start_context")

@@ -120,7 +120,7 @@ def test_sweep_runs_every_step() -> None:
 
 
 def test_oom_finds_the_context_limit_and_needs_consent() -> None:
-    with pytest.raises(InvalidInput, match="set confirm to run it"):
+    with pytest.raises(InvalidInput, match=r"confirm to run it \(--confirm from a shell\)"):
         parse_params("oom", {})
     params = parse_params(
         "oom", {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8}
