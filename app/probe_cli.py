@@ -76,8 +76,8 @@ def run_cli_probe(
     from storage.schemas import normalize_base_url
 
     base = normalize_base_url(target)
-    params = parse_params(kind, _merge(data, sets))
     store = open_store(Settings().db_url)
+    params = parse_params(kind, _merge(data, sets), q.stored_profiles(store))
     known = q.find_target_by_url(store, base)
     if (
         kind == "oom"

@@ -38,9 +38,22 @@ def probe_module(kind: str) -> ModuleType:
         raise UnknownChoice("probe", kind, PROBES) from None
 
 
-def parse_params(kind: str, data: dict[str, Any]) -> ProbeParams:
-    """Validated parameters of a probe; InvalidInput names every bad field."""
-    params: ProbeParams = validated(probe_module(kind).Params, data, f"{kind} parameters")
+# Keys a run row carries beside the probe's parameters.
+RUN_KEYS = ("target_url", "schedule_id")
+
+
+def parse_params(
+    kind: str, data: dict[str, Any], profiles: dict[str, dict[str, Any]] | None = None
+) -> ProbeParams:
+    """Validated parameters of a probe; InvalidInput names every bad field.
+
+    A `profile` naming one of the user's stored `profiles` is replaced by its definition.
+    """
+    clean = {k: v for k, v in data.items() if k not in RUN_KEYS}
+    name = clean.get("profile")
+    if isinstance(name, str) and profiles and name in profiles:
+        clean["profile"] = profiles[name]
+    params: ProbeParams = validated(probe_module(kind).Params, clean, f"{kind} parameters")
     return params
 
 

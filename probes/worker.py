@@ -101,6 +101,12 @@ def heartbeat_job(key: str) -> None:
         worker.guarded("heartbeat", lambda w: w.publish_heartbeat())
 
 
+def schedule_job(key: str, schedule_id: int) -> None:
+    """Queue the run of a probe schedule (APScheduler job)."""
+    if worker := _WORKERS.get(key):
+        worker.guarded("schedule", lambda w: w.queue_scheduled(schedule_id))
+
+
 def engines_job(key: str) -> None:
     """Supervise managed engines: health, crashes, restarts (APScheduler job)."""
     if worker := _WORKERS.get(key):
@@ -163,7 +169,7 @@ def engine_restart(worker: Worker, run: RunRow) -> dict[str, Any]:
 
 def run_probe(worker: Worker, run: RunRow) -> dict[str, Any]:
     """Run a requested probe against its target, storing progress and request records."""
-    params = parse_params(run.kind, run.params)
+    params = parse_params(run.kind, run.params, q.stored_profiles(worker.engine))
     if run.target_id is None:
         raise NotFound("this probe run names no target")
     target = worker.target(run.target_id)
@@ -285,6 +291,7 @@ class Worker:
     def tick(self) -> None:
         """One pass of the main loop: keep jobs in step with targets, pick up work."""
         self.guarded("sync", lambda w: w.sync_targets())
+        self.guarded("schedules", lambda w: w.sync_schedules())
         self.guarded("work", lambda w: w.pick_up_work())
 
     def stop(self) -> None:
@@ -403,6 +410,38 @@ class Worker:
             with self._lock:
                 self._states.pop(tid, None)
             self.writer.forget_target(tid)
+
+    def sync_schedules(self) -> None:
+        """Keep one interval job per enabled probe schedule."""
+        wanted = {s.id: s for s in q.list_schedules(self.engine, enabled_only=True)}
+        jobs = {j.id: j for j in self.scheduler.get_jobs() if j.id.startswith("schedule:")}
+        for sid, sched in wanted.items():
+            job = jobs.get(f"schedule:{sid}")
+            if job is None or job.trigger.interval.total_seconds() != sched.every_s:
+                self.scheduler.add_job(
+                    schedule_job,
+                    "interval",
+                    seconds=sched.every_s,
+                    args=[self.key, sid],
+                    id=f"schedule:{sid}",
+                    replace_existing=True,
+                )
+        for job_id in jobs:
+            if int(job_id.split(":", 1)[1]) not in wanted:
+                with contextlib.suppress(JobLookupError):
+                    self.scheduler.remove_job(job_id)
+
+    def queue_scheduled(self, schedule_id: int) -> None:
+        """Queue a schedule's probe, unless its previous run is still going."""
+        sched = next((s for s in q.list_schedules(self.engine) if s.id == schedule_id), None)
+        if sched is None or q.active_run_of_schedule(self.engine, schedule_id):
+            return
+        q.request_run(
+            self.engine,
+            sched.kind,
+            {**sched.params, "schedule_id": sched.id},
+            target_id=sched.target_id,
+        )
 
     def scrape_target(self, target_id: int) -> None:
         """Scrape, store, and record health; a failure backs off and never raises."""

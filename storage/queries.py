@@ -18,16 +18,26 @@ from sqlalchemy.orm import Session
 
 from planner.errors import InvalidInput, NotFound
 from storage.db import session_factory, transaction
-from storage.schemas import EventRow, RunRow, TargetIn, TargetRow, validation_message
+from storage.schemas import (
+    EventRow,
+    RunRow,
+    ScheduleRow,
+    TargetIn,
+    TargetRow,
+    validation_message,
+)
 from storage.tables import (
     EngineSpecRow,
     Event,
     ProbeRun,
+    ProbeSchedule,
+    RequestRecord,
     Rollup,
     Sample,
     Series,
     Target,
     WorkerState,
+    WorkloadProfileRow,
 )
 
 RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
@@ -474,3 +484,89 @@ def find_target_by_url(engine: Engine, base_url: str) -> TargetRow | None:
     with session_factory(engine)() as s:
         t = s.scalars(select(Target).where(Target.base_url == base_url)).first()
         return _target_row(t) if t else None
+
+
+# --- schedules, stored workload profiles, request records ----------------------------------
+
+
+def add_schedule(
+    engine: Engine, target_id: int, kind: str, params: dict[str, Any], every_s: float
+) -> ScheduleRow:
+    """Store a probe schedule (parameters validated by the caller)."""
+    if every_s < 10:
+        raise InvalidInput(f"a schedule runs at most every 10 s, not every {every_s:g} s")
+    with transaction(engine) as s:
+        row = ProbeSchedule(target_id=target_id, kind=kind, params=params, every_s=every_s)
+        s.add(row)
+        s.flush()
+        return ScheduleRow.model_validate(row, from_attributes=True)
+
+
+def list_schedules(engine: Engine, enabled_only: bool = False) -> list[ScheduleRow]:
+    """Every probe schedule."""
+    with session_factory(engine)() as s:
+        q = select(ProbeSchedule).order_by(ProbeSchedule.id)
+        if enabled_only:
+            q = q.where(ProbeSchedule.enabled.is_(True))
+        return [ScheduleRow.model_validate(r, from_attributes=True) for r in s.scalars(q)]
+
+
+def remove_schedule(engine: Engine, schedule_id: int) -> None:
+    """Delete a probe schedule (its past runs stay)."""
+    with transaction(engine) as s:
+        row = s.get(ProbeSchedule, schedule_id)
+        if row is None:
+            raise NotFound(f"no probe schedule with id {schedule_id}")
+        s.delete(row)
+
+
+def active_run_of_schedule(engine: Engine, schedule_id: int) -> bool:
+    """Whether a run this schedule queued is still queued or running."""
+    with session_factory(engine)() as s:
+        runs = s.scalars(select(ProbeRun).where(ProbeRun.status.in_(ACTIVE_STATES))).all()
+        return any(r.params.get("schedule_id") == schedule_id for r in runs)
+
+
+def save_profile(engine: Engine, name: str, profile: dict[str, Any]) -> None:
+    """Store a workload profile under a name (validated by the caller)."""
+    with transaction(engine) as s:
+        row = s.scalars(select(WorkloadProfileRow).where(WorkloadProfileRow.name == name)).first()
+        if row is None:
+            s.add(WorkloadProfileRow(name=name, profile=profile))
+        else:
+            row.profile = profile
+
+
+def stored_profiles(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Every stored workload profile by name."""
+    with session_factory(engine)() as s:
+        return {r.name: dict(r.profile) for r in s.scalars(select(WorkloadProfileRow))}
+
+
+def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
+    """The requests a run sent, one row each, with TTFT, E2E and TPOT in seconds."""
+    cols = [
+        RequestRecord.seq,
+        RequestRecord.scheduled_ts,
+        RequestRecord.sent_ts,
+        RequestRecord.first_token_ts,
+        RequestRecord.end_ts,
+        RequestRecord.prompt_tokens,
+        RequestRecord.output_tokens,
+        RequestRecord.status,
+        RequestRecord.http_status,
+        RequestRecord.error,
+        RequestRecord.tags,
+    ]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(*cols).where(RequestRecord.run_id == run_id).order_by(RequestRecord.seq)
+        ).all()
+    frame = pd.DataFrame(rows, columns=[c.key for c in cols])
+    frame["ttft_s"] = frame["first_token_ts"] - frame["scheduled_ts"]
+    frame["e2e_s"] = frame["end_ts"] - frame["scheduled_ts"]
+    frame["lateness_s"] = frame["sent_ts"] - frame["scheduled_ts"]
+    decode = frame["end_ts"] - frame["first_token_ts"]
+    frame["tpot_s"] = decode / (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
+    frame["step"] = [t.get("step") if isinstance(t, dict) else None for t in frame["tags"]]
+    return frame

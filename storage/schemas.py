@@ -128,6 +128,18 @@ class RunRow(BaseModel):
     finished_at: float | None
 
 
+class ScheduleRow(BaseModel):
+    """A stored probe schedule."""
+
+    id: int
+    target_id: int
+    kind: str
+    params: dict[str, Any]
+    every_s: float
+    enabled: bool
+    created_at: float
+
+
 def validation_message(err: Exception) -> str:
     """One line out of a pydantic ValidationError: `field: message; field: message`."""
     errors = getattr(err, "errors", None)

@@ -194,6 +194,31 @@ class EngineSpecRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=_now)
 
 
+class ProbeSchedule(Base):
+    """A probe the worker queues every `every_s` seconds against a target."""
+
+    __tablename__ = "probe_schedules"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(50))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    every_s: Mapped[float] = mapped_column(Float)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
+class WorkloadProfileRow(Base):
+    """A user's workload profile (validated by `probes.workloads`), selectable by name."""
+
+    __tablename__ = "workload_profiles"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
 class WorkerState(Base):
     """Small key/value facts the worker publishes for the console (heartbeat, GPU state)."""
 

@@ -151,3 +151,11 @@ def test_cli_refuses_an_unreachable_target_with_one_line(tmp_path: Path) -> None
     )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("error: cannot reach")
+
+
+def test_a_stored_profile_is_used_by_name() -> None:
+    stored = {"mine": {"kind": "fixed", "prompt_tokens": 7, "output_tokens": 3}}
+    params = parse_params("latency", {"profile": "mine", "schedule_id": 4}, stored)
+    assert params.workload().shapes(1)[0].prompt_tokens == 7  # type: ignore[attr-defined]
+    with pytest.raises(UnknownChoice, match="workload profile 'other'"):
+        parse_params("latency", {"profile": "other"}, stored).workload()  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.errors import InvalidInput
 from probes.worker import Worker
 from storage import derived as d
 from storage import queries as q
@@ -207,3 +208,26 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
         assert second.key != first.key
     finally:
         second.stop()
+
+
+def test_probe_schedules_become_jobs_that_queue_one_run_at_a_time(settings: Settings) -> None:
+    w = Worker(settings)
+    tid = q.add_target(w.engine, q.parse_target({"name": "t", "base_url": "http://h:1"})).id
+    sched = q.add_schedule(w.engine, tid, "latency", {"rate": 1, "duration_s": 5}, every_s=600)
+    with pytest.raises(InvalidInput, match="at most every 10 s"):
+        q.add_schedule(w.engine, tid, "latency", {}, every_s=1)
+    w.start()
+    try:
+        w.sync_schedules()
+        job = w.scheduler.get_job(f"schedule:{sched.id}")
+        assert job is not None and job.trigger.interval.total_seconds() == 600
+        w.queue_scheduled(sched.id)
+        w.queue_scheduled(sched.id)  # the first is still queued: no pile-up
+        runs = q.list_runs(w.engine, kind="latency")
+        assert len(runs) == 1 and runs[0].params["schedule_id"] == sched.id
+        assert runs[0].target_id == tid
+        q.remove_schedule(w.engine, sched.id)
+        w.sync_schedules()
+        assert w.scheduler.get_job(f"schedule:{sched.id}") is None
+    finally:
+        w.stop()
