@@ -25,6 +25,7 @@ PAGES = {
     "targets": ("targets", 0, 1),
     "planner": ("planner", 6, 1),
     "engine": ("engine", 0, 1),
+    "probes": ("probes", 0, 0),
 }
 
 

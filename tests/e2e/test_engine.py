@@ -146,6 +146,7 @@ def test_a_restarted_worker_adopts_the_running_engine(live: LiveWorker, cpu_engi
     assert httpx.get(f"{cpu_engine}/health", timeout=5).status_code == 200
 
 
+@pytest.mark.engine_last  # it leaves another model running: the probes' tests come first
 def test_restart_applies_a_changed_spec(
     live: LiveWorker, cpu_engine: str, e2e_settings: Settings
 ) -> None:
