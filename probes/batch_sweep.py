@@ -2,7 +2,7 @@
 
 Closed loop per step (a fixed number of requests in flight), so each step measures what
 that batch size gives. The knee is where adding concurrency stops adding throughput but
-keeps adding latency: past it, the engine only queues.
+keeps adding latency (the peak of throughput / latency): past it, the engine mostly queues.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ class Params(ProbeParams):
     """The concurrencies to try (a list, or powers of two up to a maximum) and the requests."""
 
     concurrencies: list[int] | None = None
-    max_concurrency: int = Field(16, ge=1, le=4096)
-    requests_per_step: int | None = Field(None, ge=1, description="default: 4 x concurrency")
+    max_concurrency: int = Field(64, ge=1, le=4096)
+    requests_per_step: int | None = Field(None, ge=1, description="default: 2 x concurrency")
+    stop_past_knee: int = Field(
+        2,
+        ge=0,
+        description="without a list of concurrencies, stop "
+        "once throughput per latency fell this many steps in a row",
+    )
     prompt_tokens: int = Field(256, ge=1)
     output_tokens: int = Field(128, ge=1)
     profile: str | dict[str, Any] | None = None
-    min_gain: float = Field(
-        0.10,
-        gt=0,
-        lt=1,
-        description="a step adding less throughput than this share is past the knee",
-    )
 
     @model_validator(mode="after")
     def _steps(self) -> Params:
@@ -60,38 +60,50 @@ class Params(ProbeParams):
         return FixedProfile(prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
 
 
-def find_knee(steps: list[dict[str, Any]], min_gain: float) -> dict[str, Any]:
-    """The last concurrency whose next step still added at least `min_gain` of throughput.
-
-    Each step needs `concurrency`, `output_tokens_per_s` and `e2e_s.p50`. Returns the knee's
-    concurrency (None when throughput rose to the end) and a sentence saying where it is.
+def find_knee(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The concurrency with the most throughput per unit of latency (Kleinrock's power:
+    output tokens/s divided by E2E p50). Before it, more requests in flight buy throughput;
+    past it, they mostly buy queueing. Each step needs `concurrency`, `output_tokens_per_s`
+    and `e2e_s.p50`; the sentence says what the next step would cost.
     """
-    usable = [s for s in steps if s.get("output_tokens_per_s")]
-    for prev, cur in itertools.pairwise(usable):
-        gain = cur["output_tokens_per_s"] / prev["output_tokens_per_s"] - 1
-        if gain < min_gain:
-            lat_prev, lat_cur = prev["e2e_s"]["p50"], cur["e2e_s"]["p50"]
-            growth = lat_cur / lat_prev - 1 if lat_prev and lat_cur else None
-            latency = f" but {growth:+.0%} E2E p50 latency" if growth is not None else ""
-            return {
-                "concurrency": prev["concurrency"],
-                "gain": gain,
-                "latency_growth": growth,
-                "message": (
-                    f"knee at concurrency {prev['concurrency']}: going to "
-                    f"{cur['concurrency']} adds {gain:+.0%} throughput{latency}"
-                ),
-            }
-    last = usable[-1]["concurrency"] if usable else None
+    usable = [s for s in steps if s.get("output_tokens_per_s") and s["e2e_s"].get("p50")]
+    if not usable:
+        return {"concurrency": None, "power": None, "message": "no step produced tokens"}
+    powers = [s["output_tokens_per_s"] / s["e2e_s"]["p50"] for s in usable]
+    i = max(range(len(usable)), key=powers.__getitem__)
+    knee = usable[i]
+    if i == len(usable) - 1:
+        return {
+            "concurrency": None,
+            "power": powers[i],
+            "message": (
+                f"no knee up to concurrency {knee['concurrency']}: throughput still grows faster "
+                "than latency there; sweep further to find it"
+            ),
+        }
+    nxt = usable[i + 1]
+    gain = nxt["output_tokens_per_s"] / knee["output_tokens_per_s"] - 1
+    growth = nxt["e2e_s"]["p50"] / knee["e2e_s"]["p50"] - 1
     return {
-        "concurrency": None,
-        "gain": None,
-        "latency_growth": None,
+        "concurrency": knee["concurrency"],
+        "power": powers[i],
+        "gain": gain,
+        "latency_growth": growth,
         "message": (
-            f"no knee up to concurrency {last}: throughput still rose by at least "
-            f"{min_gain:.0%} a step; sweep further to find it"
+            f"knee at concurrency {knee['concurrency']}: going to {nxt['concurrency']} "
+            f"adds {gain:+.0%} throughput but {growth:+.0%} E2E p50 latency"
         ),
     }
+
+
+def _past_knee(steps: list[dict[str, Any]], n: int) -> bool:
+    """Whether throughput per unit of latency fell in each of the last `n` steps."""
+    powers = [
+        s["output_tokens_per_s"] / s["e2e_s"]["p50"]
+        for s in steps
+        if s.get("output_tokens_per_s") and s["e2e_s"].get("p50")
+    ]
+    return len(powers) > n and all(b < a for a, b in itertools.pairwise(powers[-n - 1 :]))
 
 
 async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
@@ -100,7 +112,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     for i, c in enumerate(concurrencies):
         ctx.check_cancel()
-        n = params.requests_per_step or max(8, 4 * c)
+        n = params.requests_per_step or max(8, 2 * c)
         ctx.report(
             i / len(concurrencies), {"phase": f"concurrency {c}: {n} requests", "steps": steps}
         )
@@ -135,6 +147,12 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         )
         if result.stopped == "cancelled":
             break
-    knee = find_knee(steps, params.min_gain)
+        if (
+            params.concurrencies is None
+            and params.stop_past_knee
+            and _past_knee(steps, params.stop_past_knee)
+        ):
+            break  # the knee is behind us: larger batches would only take longer
+    knee = find_knee(steps)
     ctx.report(1.0, {"phase": "done", "steps": steps})
     return {"steps": steps, "knee": rounded(knee)}

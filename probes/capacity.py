@@ -46,6 +46,9 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         i = len(steps)
         share = (i / expected, min(1.0, (i + 1) / expected))
         m = await latency.measure(ctx, params, rate, f"rate={rate:g}", share)
+        if not m["trustworthy"]:
+            # The sender fell behind its schedule: the rate the engine saw is not `rate`.
+            untrusted.append(f"{rate:g} req/s ({m['reason']})")
         passed = bool(
             m["slo_share"] is not None and m["slo_share"] >= params.share and m["trustworthy"]
         )
@@ -69,6 +72,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         )
         return passed
 
+    untrusted: list[str] = []
     good: float | None = None
     bad: float | None = None
     rate = params.start_rate
@@ -97,6 +101,12 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         message = f"the SLO ({slo}) held up to the highest rate tried, {good:g} req/s"
     else:
         message = f"capacity {good:g} req/s: {slo} holds there and breaks at {bad:g} req/s"
+    if untrusted:
+        message += (
+            "; not trusted, the load generator was late at "
+            + ", ".join(untrusted)
+            + " (a busy client machine: raise lateness_limit_s or run it elsewhere)"
+        )
     return {
         "capacity_rps": good,
         "first_failing_rps": bad,

@@ -90,7 +90,8 @@ class ProbeContext:
             raise TargetError(f"cannot read {self.base_url}/metrics: {err}") from err
         if resp.status_code != 200:
             raise TargetError(f"{self.base_url}/metrics answered HTTP {resp.status_code}")
-        return parse_metrics(resp.text)
+        # Parsed off the event loop: a 50 KB body would otherwise stall timing-critical reads.
+        return await asyncio.to_thread(parse_metrics, resp.text)
 
     async def healthy(self, timeout: float = 5.0) -> bool:
         """Whether the engine answers /health."""

@@ -69,9 +69,12 @@ class LiveWorker:
         self.worker = Worker(self.settings)
         self.start()
 
-    def request(self, kind: str, timeout: float = 300.0, **params: object) -> RunRow:
-        """Queue a work row and wait for its outcome."""
-        run = q.request_run(self.worker.engine, kind, dict(params))
+    def request(
+        self, kind: str, timeout: float = 300.0, target: str | None = None, **params: object
+    ) -> RunRow:
+        """Queue a work row (against a target, for probes) and wait for its outcome."""
+        tid = q.get_target(self.worker.engine, target).id if target else None
+        run = q.request_run(self.worker.engine, kind, dict(params), target_id=tid)
         deadline = time.time() + timeout
         while time.time() < deadline:
             run = q.get_run(self.worker.engine, run.id)

@@ -76,10 +76,12 @@ class FakeOpenAI:
         if method == "GET" and path == "/health":
             return 200, b"", None
         if method == "GET" and path == "/metrics" and cfg.metrics:
-            text = (f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
-                    f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} 0.0\n'
-                    f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} 0.0\n'
-                    f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} 0.0\n')
+            text = (
+                f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
+                f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} 0.0\n'
+                f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} 0.0\n'
+                f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} 0.0\n'
+            )
             return 200, text.encode(), None
         if method != "POST":
             return 404, b'{"detail":"Not Found"}', None
