@@ -22,7 +22,7 @@ import typer
 from sqlalchemy import Engine
 
 from app.plan_cli import plan
-from app.probe_cli import probe_app
+from app.probe_cli import probe_app, profile_app
 from planner.errors import InvalidInput, KvscopeError
 from storage.settings import Settings
 
@@ -42,6 +42,7 @@ app.add_typer(target_app, name="target")
 app.add_typer(engine_app, name="engine")
 app.add_typer(model_app, name="model")
 app.add_typer(probe_app, name="probe")
+app.add_typer(profile_app, name="profile")
 app.command("plan")(plan)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -301,3 +301,60 @@ def capacity(
         as_json,
         set_,
     )
+
+
+profile_app = typer.Typer(
+    help="Workload profiles the probes can use by name.", no_args_is_help=True
+)
+
+
+@profile_app.command("save")
+def profile_save(
+    name: Annotated[str, typer.Argument(help="the name probes will use")],
+    file: Annotated[typer.FileText, typer.Option("--file", help="JSON profile ('-': stdin)")],
+) -> None:
+    """Validate a profile (see `kvscope profile show chat` for the shape) and store it."""
+    from probes.workloads import PRESETS, parse_profile
+    from storage import queries as q
+    from storage.db import open_store
+    from storage.schemas import NAME_RE
+
+    if not NAME_RE.match(name) or name in PRESETS:
+        raise InvalidInput(
+            f"profile name {name!r} must be letters, digits, '.', '_' or '-' "
+            f"and not a preset ({', '.join(sorted(PRESETS))})"
+        )
+    try:
+        data = json.load(file)
+    except ValueError as err:
+        raise InvalidInput(f"the profile is not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise InvalidInput("the profile must be a JSON object with a 'kind'")
+    profile = parse_profile(data)
+    q.save_profile(open_store(Settings().db_url), name, profile.model_dump())
+    typer.echo(f"saved profile {name} ({profile.kind})")
+
+
+@profile_app.command("list")
+def profile_list() -> None:
+    """The presets and the stored profiles."""
+    from probes.workloads import PRESETS
+    from storage import queries as q
+    from storage.db import open_store
+
+    for name, p in PRESETS.items():
+        typer.echo(f"{name:<20} preset  {p.kind}")
+    for name, data in sorted(q.stored_profiles(open_store(Settings().db_url)).items()):
+        typer.echo(f"{name:<20} stored  {data.get('kind')}")
+
+
+@profile_app.command("show")
+def profile_show(name: Annotated[str, typer.Argument()]) -> None:
+    """A profile as JSON (a good start for your own)."""
+    from probes.workloads import parse_profile
+    from storage import queries as q
+    from storage.db import open_store
+
+    stored = q.stored_profiles(open_store(Settings().db_url))
+    profile = parse_profile(stored.get(name, name))
+    typer.echo(json.dumps(profile.model_dump(), indent=2))

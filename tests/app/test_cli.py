@@ -132,3 +132,24 @@ def test_engine_configure_show_and_refusals(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "known engines: gpu" in unknown.stderr
     logs = kvscope("engine", "logs", "gpu", env_dir=tmp_path)
     assert logs.returncode == 2 and "has it ever started" in logs.stderr
+
+
+def test_profiles_are_saved_listed_and_refused(tmp_path: Path) -> None:
+    shown = kvscope("profile", "show", "fixed", env_dir=tmp_path)
+    assert json.loads(shown.stdout) == {"kind": "fixed", "prompt_tokens": 512, "output_tokens": 128}
+    src = tmp_path / "mine.json"
+    src.write_text('{"kind": "fixed", "prompt_tokens": 7, "output_tokens": 3}')
+    assert kvscope("profile", "save", "mine", "--file", str(src), env_dir=tmp_path).returncode == 0
+    assert (
+        "mine                 stored  fixed" in kvscope("profile", "list", env_dir=tmp_path).stdout
+    )
+    src.write_text('{"kind": "fixed", "prompt_tokens": 0}')
+    bad = kvscope("profile", "save", "mine", "--file", str(src), env_dir=tmp_path)
+    assert bad.returncode == 2 and "prompt_tokens: Input should be greater than 0" in bad.stderr
+    # The refused one did not replace what was stored.
+    assert (
+        json.loads(kvscope("profile", "show", "mine", env_dir=tmp_path).stdout)["prompt_tokens"]
+        == 7
+    )
+    clash = kvscope("profile", "save", "chat", "--file", str(src), env_dir=tmp_path)
+    assert clash.returncode == 2 and "not a preset" in clash.stderr
