@@ -206,11 +206,18 @@ class Sampler:
         except KvscopeError:
             self.errors += 1
             return
+        kv = _mean(scrape, "kv_usage")
+        blocks = scrape.cache_info.get("num_gpu_blocks")
+        free = None
+        if kv is not None and blocks and blocks.isdigit():
+            # vLLM: usage = 1 - free / (num_blocks - 1); one block is the null block.
+            free = round((1.0 - kv) * (int(blocks) - 1))
         self.points.append(
             {
                 "t": round(time.time() - self._t0, 3),
                 "ts": time.time(),
-                "kv_usage": _mean(scrape, "kv_usage"),
+                "kv_usage": kv,
+                "free_blocks": free,
                 "running": _sum(scrape, "running"),
                 "waiting": _sum(scrape, "waiting"),
                 "preemptions_total": _sum(scrape, "preemptions_total"),

@@ -168,7 +168,7 @@ def oom_chart(
 def kv_timeline_chart(
     timeline: Sequence[Mapping[str, Any]], load_window: Sequence[float] | None
 ) -> go.Figure:
-    """KV usage over the probe with cumulative preemptions; the load window shaded."""
+    """KV usage (free blocks on hover) with cumulative preemptions; the load window shaded."""
     t = [p["t"] for p in timeline]
     pre = [p.get("preemptions_total") for p in timeline]
     first = next((p for p in pre if p is not None), 0.0)
@@ -177,6 +177,8 @@ def kv_timeline_chart(
         go.Scatter(
             x=t,
             y=[p.get("kv_usage") for p in timeline],
+            customdata=[p.get("free_blocks") for p in timeline],
+            hovertemplate="%{y:.1%} used, %{customdata} blocks free<extra></extra>",
             mode="lines",
             name="KV usage",
             line={"color": PALETTE[0], "shape": "hv"},

@@ -135,3 +135,13 @@ def test_compare_table_lines_up_two_runs(runs: dict[str, int], store: Engine) ->
     a, b = q.get_run(store, runs["latency"]), q.get_run(store, runs["latency2"])
     table = compare_table(a, b)
     assert {"requests", "ttft_s.p50", "e2e_s.p99"} <= set(table["figure"])
+
+
+def test_kv_timeline_shows_free_blocks_on_hover() -> None:
+    timeline = [
+        {"t": 0.0, "kv_usage": 0.5, "free_blocks": 255, "preemptions_total": 2.0},
+        {"t": 1.0, "kv_usage": 0.75, "free_blocks": 128, "preemptions_total": 5.0},
+    ]
+    fig = charts.kv_timeline_chart(timeline, [0.0, 1.0])
+    assert list(fig.data[0].customdata) == [255, 128]
+    assert list(fig.data[1].y) == [0.0, 3.0]  # preemptions counted from the start

@@ -156,6 +156,7 @@ def test_kv_usage_timeline_and_verdict() -> None:
         out = asyncio.run(execute("kv_usage", params, fake.url))
     assert out["requests"] == 20 and out["unique_prefixes"] == 5
     assert len(out["timeline"]) >= 10
+    assert all("free_blocks" in p for p in out["timeline"])
     assert out["slope_per_min"] == 0 and out["returned_to_baseline"] is True
 
 
