@@ -1,0 +1,181 @@
+"""Early-warning alert rules: what each kind watches, its defaults, and a user's edits.
+
+One definition serves the worker's evaluator (`probes/alerts.py`, on kvscope's stored
+series) and the exports for teams that alert with Prometheus (`app/exports.py`). Every
+rule has a threshold, a duration (`for_s`: how long the condition must hold before it
+fires), a window for the rates, slopes and quantiles it looks at, and a severity.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import InvalidInput
+from storage.schemas import validation_message
+
+
+class RuleKind(StrEnum):
+    """The conditions kvscope can warn about."""
+
+    KV_SLOPE = "kv_slope"  # KV usage rising while the request rate is steady
+    KV_LEVEL = "kv_level"  # KV usage above a level
+    PREEMPTIONS = "preemptions"  # preemptions per second above a threshold (default 0)
+    QUEUE_DEPTH = "queue_depth"  # waiting requests above a level
+    TAIL_RATIO = "tail_ratio"  # p99/p50 of TTFT or ITL above a ratio
+    P99_OVER_SLO = "p99_over_slo"  # p99 of TTFT or TPOT above a bound (the SLO's by default)
+    OUTPUT_TAIL = "output_tail"  # p99 output length grew against the window before
+    TARGET_DOWN = "target_down"  # the target does not answer
+    ENGINE_RESTARTING = "engine_restarting"  # managed engine crashed or restarted
+
+
+DESCRIPTIONS: dict[RuleKind, str] = {
+    RuleKind.KV_SLOPE: "KV usage rises faster than {threshold:.1%} of the cache per minute over "
+    "{window}, while the request rate stays steady (within {stable:.0%})",
+    RuleKind.KV_LEVEL: "KV usage above {threshold:.0%}",
+    RuleKind.PREEMPTIONS: "more than {threshold:g} preemptions per second over {window}",
+    RuleKind.QUEUE_DEPTH: "more than {threshold:g} requests waiting",
+    RuleKind.TAIL_RATIO: "{metric} p99/p50 above {threshold:g} over {window}",
+    RuleKind.P99_OVER_SLO: "{metric} p99 above {threshold:g} s over {window}",
+    RuleKind.OUTPUT_TAIL: "p99 output length over {window} more than {threshold:g}x the "
+    "window before",
+    RuleKind.TARGET_DOWN: "the target does not answer its /metrics",
+    RuleKind.ENGINE_RESTARTING: "the managed engine crashed or restarted at least "
+    "{threshold:g} times in {window}",
+}
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+class AlertRule(BaseModel):
+    """One rule as a user edits it (stored in `alert_rules`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100)
+    kind: RuleKind
+    threshold: float = Field(ge=0)
+    for_s: float = Field(60.0, ge=0, le=7 * 86400, description="how long it must hold")
+    window_s: float = Field(300.0, gt=0, le=7 * 86400, description="rates and quantiles over")
+    severity: Literal["info", "warning", "critical"] = "warning"
+    metric: Literal["ttft", "itl", "tpot"] | None = None
+    stable_rate: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="kv_slope: the request rate's "
+        "coefficient of variation that still counts as steady",
+    )
+    target: str | None = Field(None, description="a target's name; none: every target")
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _fits(self) -> AlertRule:
+        needs_metric = self.kind in (RuleKind.TAIL_RATIO, RuleKind.P99_OVER_SLO)
+        if needs_metric and self.metric is None:
+            raise ValueError(f"a {self.kind.value} rule needs a metric: ttft, itl or tpot")
+        if not needs_metric and self.metric is not None:
+            raise ValueError(f"a {self.kind.value} rule takes no metric")
+        if self.kind is RuleKind.KV_LEVEL and self.threshold > 1:
+            raise ValueError("kv_level is a share of the cache: a threshold from 0 to 1")
+        if self.kind is RuleKind.TAIL_RATIO and self.threshold < 1:
+            raise ValueError("a p99/p50 ratio is at least 1")
+        return self
+
+    def describe(self) -> str:
+        """The condition in words."""
+        return DESCRIPTIONS[self.kind].format(
+            threshold=self.threshold,
+            window=_span(self.window_s),
+            metric=(self.metric or "").upper(),
+            stable=self.stable_rate,
+        )
+
+
+def parse_rule(data: dict[str, Any]) -> AlertRule:
+    """Validate a rule from a form or the store; InvalidInput names the bad fields."""
+    try:
+        return AlertRule.model_validate(data)
+    except ValidationError as err:
+        raise InvalidInput(f"alert rule refused: {validation_message(err)}") from err
+
+
+DEFAULT_RULES: tuple[AlertRule, ...] = (
+    AlertRule(
+        name="KV usage creeping up", kind=RuleKind.KV_SLOPE, threshold=0.02, for_s=120, window_s=600
+    ),
+    AlertRule(
+        name="KV cache nearly full",
+        kind=RuleKind.KV_LEVEL,
+        threshold=0.9,
+        for_s=60,
+        window_s=60,
+        severity="critical",
+    ),
+    AlertRule(name="Preemptions", kind=RuleKind.PREEMPTIONS, threshold=0.0, for_s=30, window_s=60),
+    AlertRule(
+        name="Requests queueing", kind=RuleKind.QUEUE_DEPTH, threshold=4, for_s=60, window_s=60
+    ),
+    AlertRule(
+        name="TTFT tail drifting from the median",
+        kind=RuleKind.TAIL_RATIO,
+        metric="ttft",
+        threshold=5.0,
+        for_s=300,
+        window_s=300,
+    ),
+    AlertRule(
+        name="ITL tail drifting from the median",
+        kind=RuleKind.TAIL_RATIO,
+        metric="itl",
+        threshold=3.0,
+        for_s=300,
+        window_s=300,
+    ),
+    AlertRule(
+        name="TTFT p99 over the SLO",
+        kind=RuleKind.P99_OVER_SLO,
+        metric="ttft",
+        threshold=2.0,
+        for_s=300,
+        window_s=300,
+        severity="critical",
+    ),
+    AlertRule(
+        name="TPOT p99 over the SLO",
+        kind=RuleKind.P99_OVER_SLO,
+        metric="tpot",
+        threshold=0.1,
+        for_s=300,
+        window_s=300,
+        severity="critical",
+    ),
+    AlertRule(
+        name="Output lengths growing",
+        kind=RuleKind.OUTPUT_TAIL,
+        threshold=1.5,
+        for_s=0,
+        window_s=1800,
+        severity="info",
+    ),
+    AlertRule(
+        name="Target down",
+        kind=RuleKind.TARGET_DOWN,
+        threshold=0,
+        for_s=30,
+        window_s=60,
+        severity="critical",
+    ),
+    AlertRule(
+        name="Engine restarting",
+        kind=RuleKind.ENGINE_RESTARTING,
+        threshold=1,
+        for_s=0,
+        window_s=900,
+        severity="critical",
+    ),
+)
