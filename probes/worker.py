@@ -31,12 +31,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
+from probes.alerts import AlertEvaluator
 from probes.demo import DemoLoad
 from probes.engine import parse_spec
 from probes.gpu import GpuSampler
 from probes.manager import EngineManager
 from probes.metrics import summarize
 from probes.probe import ProbeCancelled
+from probes.rules import DEFAULT_RULES
 from probes.runner import PROBES, StoredRun, parse_params
 from probes.scrape import scrape
 from storage import queries as q
@@ -105,6 +107,12 @@ def schedule_job(key: str, schedule_id: int) -> None:
     """Queue the run of a probe schedule (APScheduler job)."""
     if worker := _WORKERS.get(key):
         worker.guarded("schedule", lambda w: w.queue_scheduled(schedule_id))
+
+
+def alerts_job(key: str) -> None:
+    """Evaluate the alert rules (APScheduler job)."""
+    if worker := _WORKERS.get(key):
+        worker.guarded("alerts", lambda w: AlertEvaluator(w.engine).run())
 
 
 def engines_job(key: str) -> None:
@@ -231,6 +239,7 @@ class Worker:
     def start(self) -> None:
         """Recover from a previous process, schedule the jobs, start the scheduler."""
         _WORKERS[self.key] = self
+        q.ensure_rules(self.engine, [r.model_dump() for r in DEFAULT_RULES])
         n = q.interrupt_running(self.engine, "the worker stopped while this run was running")
         if n:
             q.record_event(
@@ -251,6 +260,7 @@ class Worker:
             (gpu_job, "gpu", s.gpu_interval_s),
             (heartbeat_job, "heartbeat", 5.0),
             (engines_job, "engines", 2.0),
+            (alerts_job, "alerts", s.alert_interval_s),
         ):
             self.scheduler.add_job(
                 job_fn,

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from planner.errors import InvalidInput, NotFound
 from storage.db import session_factory, transaction
 from storage.schemas import (
+    AlertRow,
     EventRow,
     RunRow,
     ScheduleRow,
@@ -27,6 +28,9 @@ from storage.schemas import (
     validation_message,
 )
 from storage.tables import (
+    Alert,
+    AlertRuleRow,
+    CostFrame,
     EngineSpecRow,
     Event,
     ProbeRun,
@@ -35,6 +39,7 @@ from storage.tables import (
     Rollup,
     Sample,
     Series,
+    SloRow,
     Target,
     WorkerState,
     WorkloadProfileRow,
@@ -570,3 +575,195 @@ def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
     frame["tpot_s"] = decode / (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
     frame["step"] = [t.get("step") if isinstance(t, dict) else None for t in frame["tags"]]
     return frame
+
+
+# --- SLOs, alert rules and alerts, cost frames ----------------------------------------------
+
+
+def save_slo(engine: Engine, name: str, spec: dict[str, Any], target_id: int | None) -> None:
+    """Create or replace an SLO (validated by the caller)."""
+    with transaction(engine) as s:
+        row = s.scalars(select(SloRow).where(SloRow.name == name)).first()
+        if row is None:
+            s.add(SloRow(name=name, spec=spec, target_id=target_id))
+        else:
+            row.spec, row.target_id = spec, target_id
+
+
+def list_slos(engine: Engine) -> list[tuple[int, str, int | None, dict[str, Any]]]:
+    """(id, name, target id, spec) of every SLO."""
+    with session_factory(engine)() as s:
+        return [
+            (r.id, r.name, r.target_id, dict(r.spec))
+            for r in s.scalars(select(SloRow).order_by(SloRow.name))
+        ]
+
+
+def remove_slo(engine: Engine, name: str) -> None:
+    """Delete an SLO."""
+    with transaction(engine) as s:
+        row = s.scalars(select(SloRow).where(SloRow.name == name)).first()
+        if row is None:
+            raise NotFound(f"no SLO named {name!r}")
+        s.delete(row)
+
+
+def ensure_rules(engine: Engine, defaults: Iterable[dict[str, Any]]) -> int:
+    """Install the default alert rules once, when none exist; return how many were added."""
+    with transaction(engine) as s:
+        if s.scalars(select(AlertRuleRow.id).limit(1)).first() is not None:
+            return 0
+        rows = [AlertRuleRow(name=d["name"], rule=d) for d in defaults]
+        s.add_all(rows)
+        return len(rows)
+
+
+def list_rules(engine: Engine) -> list[tuple[int, dict[str, Any]]]:
+    """(id, rule) of every alert rule, by name."""
+    with session_factory(engine)() as s:
+        return [
+            (r.id, dict(r.rule))
+            for r in s.scalars(select(AlertRuleRow).order_by(AlertRuleRow.name))
+        ]
+
+
+def save_rule(engine: Engine, rule: dict[str, Any], rule_id: int | None = None) -> int:
+    """Create a rule, or replace rule `rule_id` (validated by the caller)."""
+    try:
+        with transaction(engine) as s:
+            row = s.get(AlertRuleRow, rule_id) if rule_id is not None else None
+            if rule_id is not None and row is None:
+                raise NotFound(f"no alert rule with id {rule_id}")
+            if row is None:
+                row = AlertRuleRow(name=rule["name"], rule=rule)
+                s.add(row)
+            else:
+                row.name, row.rule, row.updated_at = rule["name"], rule, time.time()
+            s.flush()
+            return row.id
+    except IntegrityError as err:
+        raise InvalidInput(f"an alert rule named {rule['name']!r} already exists") from err
+
+
+def remove_rule(engine: Engine, rule_id: int) -> None:
+    """Delete a rule with its alerts."""
+    with transaction(engine) as s:
+        row = s.get(AlertRuleRow, rule_id)
+        if row is None:
+            raise NotFound(f"no alert rule with id {rule_id}")
+        s.delete(row)
+
+
+def open_alerts(engine: Engine) -> list[AlertRow]:
+    """Alerts firing now, most severe and newest first."""
+    order = {"critical": 0, "warning": 1, "info": 2}
+    rows = alerts(engine, state="firing")
+    return sorted(rows, key=lambda a: (order.get(a.severity, 3), -a.started_at))
+
+
+def alerts(
+    engine: Engine, state: str | None = None, since: float = 0.0, limit: int = 500
+) -> list[AlertRow]:
+    """Alerts (with rule and target names), newest first."""
+    with session_factory(engine)() as s:
+        q = (
+            select(Alert, AlertRuleRow.name, Target.name)
+            .join(AlertRuleRow, AlertRuleRow.id == Alert.rule_id)
+            .join(Target, Target.id == Alert.target_id)
+            .where(Alert.started_at >= since)
+            .order_by(Alert.started_at.desc())
+            .limit(limit)
+        )
+        if state is not None:
+            q = q.where(Alert.state == state)
+        return [
+            AlertRow(
+                id=a.id,
+                rule_id=a.rule_id,
+                rule=rule,
+                target_id=a.target_id,
+                target=target,
+                severity=a.severity,
+                state=a.state,
+                started_at=a.started_at,
+                resolved_at=a.resolved_at,
+                value=a.value,
+                message=a.message,
+            )
+            for a, rule, target in s.execute(q)
+        ]
+
+
+def fire_alert(
+    engine: Engine,
+    rule_id: int,
+    target_id: int,
+    severity: str,
+    value: float | None,
+    message: str,
+    now: float,
+) -> int:
+    """Open an alert (and its event)."""
+    with transaction(engine) as s:
+        row = Alert(
+            rule_id=rule_id,
+            target_id=target_id,
+            severity=severity,
+            value=value,
+            message=message,
+            started_at=now,
+        )
+        s.add(row)
+        s.add(
+            Event(
+                ts=now,
+                target_id=target_id,
+                kind="alert_fired",
+                severity=severity,
+                message=message,
+                data={"rule_id": rule_id, "value": value},
+            )
+        )
+        s.flush()
+        return row.id
+
+
+def update_alert(engine: Engine, alert_id: int, value: float | None, message: str) -> None:
+    """Refresh the value of a firing alert."""
+    with transaction(engine) as s:
+        s.execute(update(Alert).where(Alert.id == alert_id).values(value=value, message=message))
+
+
+def resolve_alert(engine: Engine, alert_id: int, message: str, now: float) -> None:
+    """Close an alert (and record its event)."""
+    with transaction(engine) as s:
+        row = s.get(Alert, alert_id)
+        if row is None or row.state != "firing":
+            return
+        row.state, row.resolved_at = "resolved", now
+        s.add(
+            Event(
+                ts=now,
+                target_id=row.target_id,
+                kind="alert_resolved",
+                severity="info",
+                message=message,
+                data={"rule_id": row.rule_id, "alert_id": row.id, "fired_at": row.started_at},
+            )
+        )
+
+
+def save_cost_frame(engine: Engine, name: str, inputs: dict[str, Any], ladder: list[Any]) -> None:
+    """Record a cost frame (inputs and ladder validated by the caller)."""
+    with transaction(engine) as s:
+        row = s.scalars(select(CostFrame).where(CostFrame.name == name)).first()
+        if row is None:
+            s.add(CostFrame(name=name, inputs=inputs, ladder=ladder))
+        else:
+            row.inputs, row.ladder, row.updated_at = inputs, ladder, time.time()
+
+
+def cost_frames(engine: Engine) -> dict[str, tuple[dict[str, Any], list[Any]]]:
+    """Every recorded cost frame: name -> (inputs, ladder)."""
+    with session_factory(engine)() as s:
+        return {r.name: (dict(r.inputs), list(r.ladder)) for r in s.scalars(select(CostFrame))}

@@ -140,6 +140,22 @@ class ScheduleRow(BaseModel):
     created_at: float
 
 
+class AlertRow(BaseModel):
+    """An alert with the names of its rule and target."""
+
+    id: int
+    rule_id: int
+    rule: str
+    target_id: int
+    target: str
+    severity: str
+    state: str
+    started_at: float
+    resolved_at: float | None
+    value: float | None
+    message: str
+
+
 def validation_message(err: Exception) -> str:
     """One line out of a pydantic ValidationError: `field: message; field: message`."""
     errors = getattr(err, "errors", None)

@@ -219,6 +219,58 @@ class WorkloadProfileRow(Base):
     created_at: Mapped[float] = mapped_column(Float, default=_now)
 
 
+class SloRow(Base):
+    """A promise: TTFT and per-token bounds, the share inside both, over a window."""
+
+    __tablename__ = "slos"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)  # validated by planner.slo
+    created_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
+class AlertRuleRow(Base):
+    """An alert rule as the user edited it (validated by `probes.rules.AlertRule`)."""
+
+    __tablename__ = "alert_rules"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    rule: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    updated_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
+class Alert(Base):
+    """One firing of a rule on a target, open until it resolves."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule_id: Mapped[int] = mapped_column(ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    severity: Mapped[str] = mapped_column(String(10))
+    state: Mapped[str] = mapped_column(String(10), default="firing")  # firing | resolved
+    started_at: Mapped[float] = mapped_column(Float, default=_now)
+    resolved_at: Mapped[float | None] = mapped_column(Float)
+    value: Mapped[float | None] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text)
+
+
+class CostFrame(Base):
+    """A recorded reserve-vs-violation frame: prices, traffic and a degradation ladder."""
+
+    __tablename__ = "cost_frames"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    inputs: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ladder: Mapped[list[Any]] = mapped_column(default=list)
+    updated_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
 class WorkerState(Base):
     """Small key/value facts the worker publishes for the console (heartbeat, GPU state)."""
 

@@ -201,6 +201,7 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
             "gpu",
             "heartbeat",
             "engines",
+            "alerts",
             "scrape:1",
         }
         assert all(j.args[0] == second.key for j in jobs)

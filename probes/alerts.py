@@ -1,0 +1,226 @@
+"""Evaluate the alert rules on kvscope's stored series; fire and resolve alerts as events.
+
+A rule's condition must hold at every point of its last `for_s` seconds (checked on a grid
+over the stored data, so a worker restart loses no pending state) to fire; it resolves
+when it no longer holds now. Each evaluation reads only the recent window of a target's
+series, which keeps a pass fast however much history is stored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Engine
+
+from planner.errors import KvscopeError
+from probes.rules import AlertRule, RuleKind, parse_rule
+from storage import derived as d
+from storage import queries as q
+from storage.schemas import TargetRow
+
+MIN_COUNT = 10  # observations a window needs before its quantile ratio means anything
+CRASH_EVENTS = ("engine_crashed", "engine_failed")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Whether a rule's condition holds on a target now, the value behind it, and why."""
+
+    active: bool
+    value: float | None
+    detail: str
+
+
+def _grid(now: float, for_s: float) -> d.Grid:
+    """Points over the last `for_s` seconds (a single point when it is 0)."""
+    if for_s <= 0:
+        return d.Grid(now, now, 1.0, 0)
+    step = max(5.0, min(30.0, for_s / 6))
+    return d.Grid(now - for_s, now, step, 0)
+
+
+def _sustained(values: np.ndarray, above: float) -> tuple[bool, float | None]:
+    """All points present and above the threshold; the latest value."""
+    ok = ~np.isnan(values)
+    last = float(values[ok][-1]) if ok.any() else None
+    return bool(ok.all() and len(values) and (values > above).all()), last
+
+
+def _slope_per_min(ts: np.ndarray, ys: np.ndarray) -> float | None:
+    ok = ~np.isnan(ys)
+    if ok.sum() < 3 or np.ptp(ts[ok]) <= 0:
+        return None
+    return float(np.polyfit(ts[ok], ys[ok], 1)[0] * 60)
+
+
+def evaluate(
+    store: Engine, rule: AlertRule, target: TargetRow, now: float, bound: float | None = None
+) -> Finding:
+    """The rule's condition on one target at `now`. `bound` overrides the threshold of a
+    p99-over-SLO rule when an SLO applies to the target."""
+    tid, grid = target.id, _grid(now, rule.for_s)
+    kind = rule.kind
+    if kind in (RuleKind.KV_LEVEL, RuleKind.QUEUE_DEPTH):
+        metric = "kv_usage" if kind is RuleKind.KV_LEVEL else "waiting"
+        active, last = _sustained(d.gauge(store, tid, metric, grid).to_numpy(), rule.threshold)
+        shown = f"{last:.0%}" if kind is RuleKind.KV_LEVEL and last is not None else f"{last}"
+        return Finding(active, last, f"{metric.replace('_', ' ')} {shown}")
+    if kind is RuleKind.PREEMPTIONS:
+        rates = d.rate(store, tid, "preemptions_total", grid, rule.window_s).to_numpy()
+        active, last = _sustained(rates, rule.threshold)
+        return Finding(active, last, f"{last or 0:.3g} preemptions/s")
+    if kind in (RuleKind.TAIL_RATIO, RuleKind.P99_OVER_SLO):
+        assert rule.metric is not None
+        frame = d.quantiles(store, tid, rule.metric, grid, rule.window_s)
+        counts = frame["count"].to_numpy()
+        if kind is RuleKind.TAIL_RATIO:
+            vals = np.where(counts >= MIN_COUNT, frame["ratio"].to_numpy(), np.nan)
+            active, last = _sustained(vals, rule.threshold)
+            return Finding(active, last, f"{rule.metric.upper()} p99/p50 {last or 0:.2f}")
+        limit = rule.threshold if bound is None else bound
+        vals = np.where(counts >= 1, frame["p99"].to_numpy(), np.nan)
+        active, last = _sustained(vals, limit)
+        src = "the SLO's bound" if bound is not None else "the rule's bound"
+        return Finding(
+            active, last, f"{rule.metric.upper()} p99 {last or 0:.3g} s against {limit:g} s ({src})"
+        )
+    if kind is RuleKind.KV_SLOPE:
+        return _kv_slope(store, rule, tid, now)
+    if kind is RuleKind.OUTPUT_TAIL:
+        w = rule.window_s
+        cur = d.quantiles(store, tid, "output_len", d.point_grid(now, w), w).iloc[-1]
+        before = d.quantiles(store, tid, "output_len", d.point_grid(now - w, w), w).iloc[-1]
+        if min(cur["count"], before["count"]) < MIN_COUNT or not before["p99"]:
+            return Finding(False, None, "too few requests to compare output lengths")
+        ratio = float(cur["p99"] / before["p99"])
+        return Finding(
+            ratio > rule.threshold,
+            ratio,
+            f"p99 output length {cur['p99']:.0f} tokens, {ratio:.2f}x the "
+            f"{before['p99']:.0f} of the window before",
+        )
+    if kind is RuleKind.TARGET_DOWN:
+        since = target.last_success_at or (target.last_scrape_at or now)
+        down_for = now - since
+        active = target.health == "down" and down_for >= rule.for_s
+        return Finding(
+            active,
+            down_for if target.health == "down" else 0.0,
+            f"{target.health}: {target.health_message or 'answering'}",
+        )
+    if kind is RuleKind.ENGINE_RESTARTING:
+        crashes = q.events(store, now - rule.window_s, now, target_id=tid, kinds=CRASH_EVENTS)
+        return Finding(
+            target.managed and len(crashes) >= rule.threshold,
+            float(len(crashes)),
+            f"{len(crashes)} crash(es) in the last {rule.window_s / 60:g} min",
+        )
+    raise KvscopeError(f"no evaluation for rule kind {kind}")
+
+
+def _kv_slope(store: Engine, rule: AlertRule, tid: int, now: float) -> Finding:
+    """KV usage slope over the window, only while the request rate is steady."""
+    fine = d.Grid(now - rule.for_s - rule.window_s, now, 10.0, 0)
+    ts = fine.points
+    kv = d.gauge(store, tid, "kv_usage", fine).to_numpy()
+    reqs = d.rate(store, tid, "requests_finished_total", fine, 60.0).to_numpy()
+    checks = [now - rule.for_s + i * rule.for_s / 4 for i in range(5)] if rule.for_s else [now]
+    slopes = []
+    for t in checks:
+        inside = (ts > t - rule.window_s) & (ts <= t)
+        slope = _slope_per_min(ts[inside], kv[inside])
+        rate = reqs[inside][~np.isnan(reqs[inside])]
+        steady = bool(
+            rate.size >= 3 and rate.mean() > 0 and rate.std() / rate.mean() <= rule.stable_rate
+        )
+        if slope is None or not steady or slope <= rule.threshold:
+            return Finding(False, slope, _slope_words(slope, steady))
+        slopes.append(slope)
+    return Finding(True, slopes[-1], _slope_words(slopes[-1], True))
+
+
+def _slope_words(slope: float | None, steady: bool) -> str:
+    if slope is None:
+        return "too few KV samples"
+    words = f"KV usage {slope:+.1%} of the cache per minute"
+    return words if steady else f"{words} (request rate not steady: not judged)"
+
+
+@dataclass
+class Transition:
+    """What one pass changed."""
+
+    fired: list[str]
+    resolved: list[str]
+
+
+class AlertEvaluator:
+    """One pass over every enabled rule and every target it applies to."""
+
+    def __init__(self, store: Engine) -> None:
+        self.store = store
+
+    def run(self, now: float | None = None) -> Transition:
+        """Evaluate, then open alerts that fire and close those that stopped holding."""
+        now = time.time() if now is None else now
+        targets = [t for t in q.list_targets(self.store) if t.enabled or t.health == "down"]
+        by_name = {t.name: t for t in targets}
+        global_bounds, target_bounds = _slo_bounds(self.store)
+        firing = {(a.rule_id, a.target_id): a for a in q.alerts(self.store, state="firing")}
+        out = Transition([], [])
+        for rule_id, data in q.list_rules(self.store):
+            try:
+                rule = parse_rule(data)
+            except KvscopeError:
+                continue  # an edit the page refused never reaches the store; be safe anyway
+            if not rule.enabled:
+                scope: list[TargetRow] = []
+            elif rule.target:
+                scope = [by_name[rule.target]] if rule.target in by_name else []
+            else:
+                scope = targets
+            for target in scope:
+                bound = None
+                if rule.kind is RuleKind.P99_OVER_SLO and rule.metric:
+                    bound = target_bounds.get(target.id, global_bounds).get(rule.metric)
+                finding = evaluate(self.store, rule, target, now, bound)
+                message = f"{rule.name} on {target.name}: {finding.detail}"
+                open_alert = firing.pop((rule_id, target.id), None)
+                value = (
+                    None if finding.value is None or math.isnan(finding.value) else finding.value
+                )
+                if finding.active and open_alert is None:
+                    q.fire_alert(self.store, rule_id, target.id, rule.severity, value, message, now)
+                    out.fired.append(message)
+                elif finding.active and open_alert is not None:
+                    q.update_alert(self.store, open_alert.id, value, message)
+                elif open_alert is not None:
+                    q.resolve_alert(self.store, open_alert.id, f"resolved: {message}", now)
+                    out.resolved.append(message)
+        for stale in firing.values():  # its rule was disabled, or its target removed
+            q.resolve_alert(
+                self.store, stale.id, f"resolved: {stale.rule} no longer evaluated", now
+            )
+            out.resolved.append(stale.message)
+        return out
+
+
+def _slo_bounds(store: Engine) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """Bounds of the SLOs: the global one (no target) and each target's own, as
+    {'ttft': s, 'tpot' or 'itl': s}. A target's own SLO wins over the global one."""
+    global_: dict[str, float] = {}
+    per: dict[int, dict[str, float]] = {}
+    for _, _, target_id, spec in q.list_slos(store):
+        bounds: dict[str, float] = {}
+        if spec.get("ttft_s"):
+            bounds["ttft"] = float(spec["ttft_s"])
+        if spec.get("tpot_s"):
+            bounds[str(spec.get("per_token", "tpot"))] = float(spec["tpot_s"])
+        if target_id is None:
+            global_ = global_ or bounds
+        else:
+            per.setdefault(target_id, bounds)
+    return global_, per

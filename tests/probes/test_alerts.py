@@ -1,0 +1,222 @@
+"""Every alert rule fires on a synthetic series that breaks it, resolves when it stops,
+and stays quiet on a flat one; transitions are stored as alerts and events."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import Engine
+
+from probes.alerts import AlertEvaluator, evaluate
+from probes.rules import DEFAULT_RULES, AlertRule, RuleKind, parse_rule
+from storage import queries as q
+from storage.ingest import Point, SampleWriter
+
+T0 = 1_800_000_000.0
+LE = (0.05, 0.1, 0.5, 1.0, 2.5, 5.0, math.inf)
+
+
+def _target(store: Engine, name: str = "t", managed: bool = False) -> int:
+    tid = q.add_target(store, q.parse_target({"name": name, "base_url": "http://h:1"})).id
+    q.set_target_health(store, tid, ok=True, message=None, ts=T0)
+    if managed:
+        q.upsert_managed_target(store, name, "http://h:1", enabled=True)
+    return tid
+
+
+def _series(
+    store: Engine,
+    tid: int,
+    start: float,
+    end: float,
+    values: Callable[[float], dict[str, float]],
+    step: float = 5.0,
+) -> None:
+    """Write what `values(t)` returns at every step; `x_bucket@le` names a bucket."""
+    w = SampleWriter(store, heartbeat_s=0)
+    t = start
+    while t <= end:
+        pts = []
+        for name, v in values(t).items():
+            if "@" in name:
+                series, le = name.split("@")
+                pts.append(Point(series, {"le": le}, v, kind="bucket"))
+            else:
+                pts.append(Point(name, {}, v))
+        w.write(tid, pts, t)
+        t += step
+
+
+def _hist(name: str, per_s: dict[float, float], t: float) -> dict[str, float]:
+    """Cumulative buckets of `name` after `t` seconds of `per_s` observations/s per value."""
+    out = {}
+    for le in LE:
+        key = "+Inf" if math.isinf(le) else str(le)
+        out[f"{name}_bucket@{key}"] = sum(n * t for v, n in per_s.items() if v <= le)
+    return out
+
+
+def _rule(kind: RuleKind, **kw: object) -> AlertRule:
+    base = next(r for r in DEFAULT_RULES if r.kind is kind)
+    return base.model_copy(update=kw)
+
+
+def _at(store: Engine, rule: AlertRule, tid: int, now: float) -> bool:
+    target = q.get_target(store, str(tid))
+    return evaluate(store, rule, target, now).active
+
+
+@pytest.mark.parametrize(
+    ("metric", "rule"),
+    [
+        ("kv_usage", _rule(RuleKind.KV_LEVEL, threshold=0.9, for_s=60)),
+        ("waiting", _rule(RuleKind.QUEUE_DEPTH, threshold=4, for_s=60)),
+    ],
+)
+def test_levels_fire_after_their_duration_and_resolve(
+    store: Engine, metric: str, rule: AlertRule
+) -> None:
+    tid = _target(store)
+    high = 0.95 if metric == "kv_usage" else 10
+    low = 0.5 if metric == "kv_usage" else 0
+    # Low until T0+300, high until T0+600, low again after.
+    _series(store, tid, T0, T0 + 900, lambda t: {metric: high if T0 + 300 <= t < T0 + 600 else low})
+    assert not _at(store, rule, tid, T0 + 290)  # flat and low: quiet
+    assert not _at(store, rule, tid, T0 + 330)  # high for 30 s only: not yet
+    assert _at(store, rule, tid, T0 + 400)  # high for its 60 s: fires
+    assert not _at(store, rule, tid, T0 + 700)  # back down: resolved
+
+
+def test_preemptions_per_second(store: Engine) -> None:
+    tid = _target(store)
+    rule = _rule(RuleKind.PREEMPTIONS, threshold=0.0, for_s=30, window_s=60)
+    # No preemptions, then two a second from T0+300 to T0+600, then none.
+    _series(
+        store,
+        tid,
+        T0,
+        T0 + 900,
+        lambda t: {"preemptions_total": 2.0 * min(max(t - T0 - 300, 0), 300)},
+    )
+    assert not _at(store, rule, tid, T0 + 280)
+    assert _at(store, rule, tid, T0 + 400)
+    assert not _at(store, rule, tid, T0 + 800)
+
+
+def test_tail_ratio_and_p99_over_the_bound(store: Engine) -> None:
+    tid = _target(store)
+    ratio = _rule(RuleKind.TAIL_RATIO, metric="ttft", threshold=5.0, for_s=60, window_s=120)
+    over = _rule(RuleKind.P99_OVER_SLO, metric="ttft", threshold=2.0, for_s=60, window_s=120)
+
+    def combined(t: float) -> dict[str, float]:
+        # Calm (everything near 0.08 s) for 600 s, then 10% of requests take 4 s for 300 s,
+        # then calm again.
+        a = _hist("ttft", {0.08: 2.0}, min(t - T0, 600))
+        b = _hist("ttft", {0.08: 1.8, 4.0: 0.2}, max(min(t - T0 - 600, 300), 0))
+        c = _hist("ttft", {0.08: 2.0}, max(t - T0 - 900, 0))
+        return {k: a[k] + b[k] + c[k] for k in a}
+
+    _series(store, tid, T0, T0 + 1500, combined)
+    assert not _at(store, ratio, tid, T0 + 500) and not _at(store, over, tid, T0 + 500)
+    assert _at(store, ratio, tid, T0 + 800) and _at(store, over, tid, T0 + 800)
+    assert not _at(store, ratio, tid, T0 + 1400) and not _at(store, over, tid, T0 + 1400)
+    # An SLO's bound replaces the rule's: 5 s is not broken by a 4 s tail.
+    target = q.get_target(store, str(tid))
+    assert not evaluate(store, over, target, T0 + 800, bound=5.0).active
+
+
+def test_kv_slope_needs_a_rise_at_a_steady_rate(store: Engine) -> None:
+    tid = _target(store)
+    rule = _rule(RuleKind.KV_SLOPE, threshold=0.02, for_s=120, window_s=300)
+    # Steady 1 request/s throughout; KV flat at 0.3 until T0+600, then +5% a minute.
+    _series(
+        store,
+        tid,
+        T0,
+        T0 + 1200,
+        lambda t: {
+            "requests_finished_total": t - T0,
+            "kv_usage": 0.3 + 0.05 * max(t - T0 - 600, 0) / 60,
+        },
+    )
+    assert not _at(store, rule, tid, T0 + 590)  # flat: quiet
+    assert _at(store, rule, tid, T0 + 1100)  # rising at a steady rate: fires
+    other = _target(store, "bursty")
+    # The same rise while traffic comes in bursts is not judged (it may be the traffic).
+    _series(
+        store,
+        other,
+        T0,
+        T0 + 1200,
+        lambda t: {
+            "requests_finished_total": (t - T0) * (3 if int((t - T0) / 60) % 2 else 0.2),
+            "kv_usage": 0.3 + 0.05 * max(t - T0 - 600, 0) / 60,
+        },
+    )
+    assert not _at(store, rule, other, T0 + 1100)
+
+
+def test_output_tail_growing(store: Engine) -> None:
+    tid = _target(store)
+    rule = _rule(RuleKind.OUTPUT_TAIL, threshold=1.5, window_s=600)
+    names = {v: f"output_len_bucket@{v}" for v in ("100", "300", "1000", "+Inf")}
+
+    def lengths(t: float) -> dict[str, float]:
+        early, late = min(t - T0, 600), max(t - T0 - 600, 0)
+        # ~100-token answers, then a tail of ~1000-token ones.
+        return {
+            names["100"]: early * 1.0 + late * 0.8,
+            names["300"]: early + late * 0.8,
+            names["1000"]: early + late,
+            names["+Inf"]: early + late,
+        }
+
+    _series(store, tid, T0, T0 + 1200, lengths)
+    assert not _at(store, rule, tid, T0 + 600)  # one window of history: nothing to compare
+    assert _at(store, rule, tid, T0 + 1200)
+
+
+def test_target_down_and_engine_restarting(store: Engine) -> None:
+    tid = _target(store, managed=True)
+    down = _rule(RuleKind.TARGET_DOWN, for_s=30)
+    restarting = _rule(RuleKind.ENGINE_RESTARTING, threshold=1, window_s=900)
+    assert not _at(store, down, tid, T0 + 10) and not _at(store, restarting, tid, T0 + 10)
+    q.set_target_health(store, tid, ok=False, message="connection refused", ts=T0 + 20)
+    assert not _at(store, down, tid, T0 + 25)  # down for 25 s: not yet
+    assert _at(store, down, tid, T0 + 60)
+    q.set_target_health(store, tid, ok=True, message=None, ts=T0 + 70)
+    assert not _at(store, down, tid, T0 + 80)
+    q.record_event(store, "engine_crashed", "crashed", target_id=tid, ts=T0 + 100)
+    assert _at(store, restarting, tid, T0 + 200)
+    assert not _at(store, restarting, tid, T0 + 100 + 901)  # out of the window: resolved
+
+
+def test_evaluator_fires_once_updates_and_resolves_as_events(store: Engine) -> None:
+    tid = _target(store)
+    q.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES])
+    assert q.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES]) == 0  # once only
+    _series(
+        store, tid, T0, T0 + 900, lambda t: {"kv_usage": 0.97 if T0 + 300 <= t < T0 + 600 else 0.4}
+    )
+    ev = AlertEvaluator(store)
+    assert ev.run(T0 + 200).fired == []
+    fired = ev.run(T0 + 450).fired
+    assert fired == ["KV cache nearly full on t: kv usage 97%"]
+    assert ev.run(T0 + 460).fired == []  # still firing: no second alert
+    [alert] = q.open_alerts(store)
+    assert alert.severity == "critical" and alert.value == pytest.approx(0.97)
+    assert ev.run(T0 + 700).resolved == ["KV cache nearly full on t: kv usage 40%"]
+    assert q.open_alerts(store) == []
+    kinds = [e.kind for e in q.events(store, 0, T0 + 1000)]
+    assert kinds.count("alert_fired") == 1 and kinds.count("alert_resolved") == 1
+
+
+def test_rules_are_validated() -> None:
+    with pytest.raises(Exception, match="needs a metric"):
+        parse_rule({"name": "x", "kind": "tail_ratio", "threshold": 3})
+    with pytest.raises(Exception, match="threshold from 0 to 1"):
+        parse_rule({"name": "x", "kind": "kv_level", "threshold": 90})
+    with pytest.raises(Exception, match="takes no metric"):
+        parse_rule({"name": "x", "kind": "kv_level", "threshold": 0.9, "metric": "ttft"})
