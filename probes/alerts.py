@@ -16,12 +16,11 @@ import numpy as np
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError
-from probes.rules import AlertRule, RuleKind, parse_rule
+from probes.rules import MIN_COUNT, AlertRule, RuleKind, parse_rule
 from storage import derived as d
 from storage import queries as q
 from storage.schemas import TargetRow
 
-MIN_COUNT = 10  # observations a window needs before its quantile ratio means anything
 CRASH_EVENTS = ("engine_crashed", "engine_failed")
 
 

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from planner.errors import InvalidInput
 from storage.schemas import validation_message
 
+# Observations a window needs before a quantile ratio or a tail comparison means anything;
+# the worker's evaluator and the exported Prometheus rules both use it.
+MIN_COUNT = 10
+
 
 class RuleKind(StrEnum):
     """The conditions kvscope can warn about."""
