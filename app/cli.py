@@ -43,6 +43,10 @@ app.add_typer(engine_app, name="engine")
 app.add_typer(model_app, name="model")
 app.add_typer(probe_app, name="probe")
 app.add_typer(profile_app, name="profile")
+export_app = typer.Typer(
+    help="Files for teams that already run Prometheus and Grafana.", no_args_is_help=True
+)
+app.add_typer(export_app, name="export")
 app.command("plan")(plan)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -367,6 +371,48 @@ def model_build_tiny(
     except ValueError as err:
         raise InvalidInput(str(err)) from err
     typer.echo(str(build_tiny_model(_settings(), out, params)))
+
+
+# --- exports -------------------------------------------------------------------------------
+
+
+def _write(text: str, out: Path | None) -> None:
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text)
+    except OSError as err:
+        raise KvscopeError(f"cannot write {out}: {err.strerror}") from err
+    typer.echo(f"wrote {out}", err=True)
+
+
+@export_app.command("prometheus-rules")
+def export_rules(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="file (default: stdout)")] = None,
+    job: Annotated[str, typer.Option(help="the Prometheus job that scrapes vLLM")] = "vllm",
+) -> None:
+    """The alert rules (as stored, or the defaults) as a Prometheus alerting-rules file."""
+    from app.exports import prometheus_rules_yaml
+    from probes.rules import DEFAULT_RULES, parse_rule
+    from storage import queries as q
+
+    stored = q.list_rules(_store())
+    rules = [parse_rule(data) for _, data in stored] if stored else list(DEFAULT_RULES)
+    _write(prometheus_rules_yaml(rules, job=job), out)
+
+
+@export_app.command("grafana-dashboard")
+def export_dashboard(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="file (default: stdout)")] = None,
+    datasource: Annotated[
+        str, typer.Option(help="Prometheus datasource uid (default: ask at import)")
+    ] = "${DS_PROMETHEUS}",
+) -> None:
+    """A Grafana dashboard with the Live and Tail panels over Prometheus."""
+    from app.exports import grafana_dashboard_json
+
+    _write(grafana_dashboard_json(datasource_uid=datasource), out)
 
 
 # --- processes -----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from storage import dashboards, queries
 from storage.db import open_store
-from storage.schemas import EventRow, RunRow, TargetRow
+from storage.schemas import AlertRow, EventRow, RunRow, TargetRow
 from storage.settings import Settings
 
 WINDOWS: dict[str, float] = {
@@ -58,6 +58,12 @@ def targets(url: str) -> list[TargetRow]:
 def overview(url: str) -> list[dashboards.OverviewRow]:
     """Overview rows."""
     return dashboards.overview(_store(url))
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def open_alerts(url: str) -> list[AlertRow]:
+    """Alerts firing now, most severe first."""
+    return queries.open_alerts(_store(url))
 
 
 @st.cache_data(ttl=2, show_spinner=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.views import engine, live, overview, planner, probes, tail, targets
+from app.views import alerts, cost, engine, live, overview, planner, probes, slos, tail, targets
 
 st.set_page_config(page_title="kvscope", page_icon="📈", layout="wide")
 
@@ -14,9 +14,12 @@ pages = {
         st.Page(live.render, title="Live", url_path="live"),
         st.Page(tail.render, title="Tail", url_path="tail"),
         st.Page(probes.render, title="Probes", url_path="probes"),
+        st.Page(alerts.render, title="Alerts", url_path="alerts"),
     ],
     "Plan": [
         st.Page(planner.render, title="Planner", url_path="planner"),
+        st.Page(slos.render, title="SLOs", url_path="slos"),
+        st.Page(cost.render, title="Cost", url_path="cost"),
     ],
     "Configure": [
         st.Page(engine.render, title="Engine", url_path="engine"),

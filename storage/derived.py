@@ -228,3 +228,18 @@ def quantiles(
         with np.errstate(divide="ignore", invalid="ignore"):
             frame["ratio"] = frame["p99"] / frame["p50"]
     return frame
+
+
+def histogram_increase(
+    engine: Engine, target_id: int, histogram: str, at: float, window_s: float
+) -> list[tuple[float, float]]:
+    """Each bucket's increase over (at - window, at], label sets summed: the window's own
+    histogram as [(le, count)], the input of bucket-based compliance."""
+    grid = point_grid(at, window_s)
+    out: dict[float, float] = {}
+    for s in _load(engine, target_id, f"{histogram}_bucket", grid, window_s, cumulative=True):
+        inc, _ = _increase(s, grid.points, window_s, grid.stale_s)
+        if not np.isnan(inc[-1]):
+            le = float(json.loads(s.labels_key)["le"])
+            out[le] = out.get(le, 0.0) + float(inc[-1])
+    return sorted(out.items())

@@ -767,3 +767,33 @@ def cost_frames(engine: Engine) -> dict[str, tuple[dict[str, Any], list[Any]]]:
     """Every recorded cost frame: name -> (inputs, ladder)."""
     with session_factory(engine)() as s:
         return {r.name: (dict(r.inputs), list(r.ladder)) for r in s.scalars(select(CostFrame))}
+
+
+def target_records(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
+    """Requests probes sent to a target, scheduled in [start, end]: ttft_s, tpot_s, ok."""
+    cols = [
+        RequestRecord.scheduled_ts,
+        RequestRecord.first_token_ts,
+        RequestRecord.end_ts,
+        RequestRecord.output_tokens,
+        RequestRecord.status,
+    ]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(*cols)
+            .join(ProbeRun, ProbeRun.id == RequestRecord.run_id)
+            .where(
+                ProbeRun.target_id == target_id,
+                RequestRecord.scheduled_ts >= start,
+                RequestRecord.scheduled_ts <= end,
+                RequestRecord.status != "cancelled",
+            )
+        ).all()
+    frame = pd.DataFrame(rows, columns=[c.key for c in cols])
+    frame["ok"] = frame["status"] == "ok"
+    frame["ttft_s"] = frame["first_token_ts"] - frame["scheduled_ts"]
+    many = frame["output_tokens"] > 1
+    frame["tpot_s"] = (
+        (frame["end_ts"] - frame["first_token_ts"]) / (frame["output_tokens"] - 1)
+    ).where(many)
+    return frame

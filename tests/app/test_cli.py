@@ -153,3 +153,22 @@ def test_profiles_are_saved_listed_and_refused(tmp_path: Path) -> None:
     )
     clash = kvscope("profile", "save", "chat", "--file", str(src), env_dir=tmp_path)
     assert clash.returncode == 2 and "not a preset" in clash.stderr
+
+
+def test_exports_from_a_shell(tmp_path: Path) -> None:
+    import shutil
+
+    rules = tmp_path / "rules.yml"
+    res = kvscope("export", "prometheus-rules", "--out", str(rules), env_dir=tmp_path)
+    assert res.returncode == 0 and "groups:" in rules.read_text()
+    if shutil.which("promtool"):
+        check = subprocess.run(
+            ["promtool", "check", "rules", str(rules)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    dash = json.loads(kvscope("export", "grafana-dashboard", env_dir=tmp_path).stdout)
+    assert dash["title"].startswith("kvscope") and dash["panels"]
+    bad = kvscope(
+        "export", "grafana-dashboard", "--out", str(tmp_path / "no" / "x.json"), env_dir=tmp_path
+    )
+    assert bad.returncode == 2 and "cannot write" in bad.stderr

@@ -26,6 +26,9 @@ PAGES = {
     "planner": ("planner", 6, 1),
     "engine": ("engine", 0, 1),
     "probes": ("probes", 0, 0),
+    "slos": ("slos", 0, 1),
+    "alerts": ("alerts", 0, 1),
+    "cost": ("cost", 1, 2),
 }
 
 

@@ -111,6 +111,7 @@ class FakeVllm:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     # Counters that grow with wall time, per second: {"preemptions": 5.0, ...}.
     rates: dict[str, float] = field(default_factory=dict)
     _clock: float | None = None
@@ -127,6 +128,7 @@ class FakeVllm:
             self.ttft = Histogram(TTFT_BUCKETS)
             self.itl = Histogram(ITL_BUCKETS)
             self.e2e = Histogram(TTFT_BUCKETS)
+            self.tpot = Histogram(ITL_BUCKETS)
 
     def text(self) -> str:
         if self.body_override is not None:
@@ -174,6 +176,8 @@ class FakeVllm:
         out += self.ttft.lines("vllm:time_to_first_token_seconds", lab)
         out += self.itl.lines(itl, lab)
         out += self.e2e.lines("vllm:e2e_request_latency_seconds", lab)
+        if v1:  # the per-request TPOT histogram arrived with V1
+            out += self.tpot.lines("vllm:request_time_per_output_token_seconds", lab)
         return out
 
 

@@ -43,6 +43,7 @@ def seed(
         for _ in range(rng.randint(3, 6)):
             fake.ttft.observe(rng.lognormvariate(math.log(0.08 + 0.05 * max(phase, 0)), 0.5))
             fake.e2e.observe(rng.lognormvariate(math.log(2.0), 0.4))
+            fake.tpot.observe(rng.lognormvariate(math.log(0.03), 0.3))
         for _ in range(40):
             fake.itl.observe(rng.lognormvariate(math.log(0.03), 0.3))
         parsed = parse_metrics(fake.text())

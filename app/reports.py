@@ -1,0 +1,181 @@
+"""Reports that join stored data with the planner's math: SLO compliance, cost inputs.
+
+Plain functions (no Streamlit) behind the SLO and Cost pages; storage supplies the data,
+the planner the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+from pydantic import BaseModel
+from sqlalchemy import Engine
+
+from planner import slo as slo_math
+from planner.queueing import measure_variability
+from storage import derived as d
+from storage import queries as q
+
+
+def _complete(buckets: list[tuple[float, float]]) -> bool:
+    """A window's histogram the engine exposed in full (it has the +Inf bucket)."""
+    return any(math.isinf(le) for le, _ in buckets)
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+class SloReport(BaseModel):
+    """One SLO on one target: compliance two ways, and the error budget."""
+
+    slo: str
+    target: str
+    promise: str
+    records: int
+    exact_share: float | None
+    exact_meets: bool | None
+    histogram_lower: float | None
+    histogram_upper: float | None
+    histogram_label: str
+    histogram_meets: bool | None
+    histogram_requests: float
+    budget_spent: float | None
+    burn_rate: float | None
+    budget_source: str
+    notes: list[str]
+
+
+def slo_reports(engine: Engine, now: float | None = None) -> list[SloReport]:
+    """Every SLO on every target it applies to, over its window ending now."""
+    now = time.time() if now is None else now
+    targets = q.list_targets(engine)
+    out = []
+    for _, name, target_id, spec in q.list_slos(engine):
+        slo = slo_math.parse_slo(spec)
+        for t in [t for t in targets if target_id in (None, t.id)]:
+            start = now - slo.window_s
+            rec = q.target_records(engine, t.id, start, now)
+            exact = None
+            if len(rec):
+                exact = slo_math.compliance_from_records(
+                    [None if pd.isna(x) else float(x) for x in rec["ttft_s"]],
+                    [None if pd.isna(x) else float(x) for x in rec["tpot_s"]],
+                    rec["ok"].tolist(),
+                    slo,
+                )
+            per_token = "tpot" if slo.per_token == "tpot" else "itl"
+            ttft_b = d.histogram_increase(engine, t.id, "ttft", now, slo.window_s)
+            tok_b = d.histogram_increase(engine, t.id, per_token, now, slo.window_s)
+            hist = None
+            if _complete(ttft_b) and _complete(tok_b):
+                hist = slo_math.compliance_from_histograms(ttft_b, tok_b, slo)
+            # The budget from exact records when there are any, else the histogram's
+            # pessimistic bound.
+            if exact is not None:
+                budget = slo_math.error_budget(slo, exact.bad, exact.total)
+                source = "probe records (exact)"
+            elif hist is not None and hist.requests:
+                budget = slo_math.error_budget(slo, (1 - hist.lower) * hist.requests, hist.requests)
+                source = "engine histograms (lower bound of compliance: pessimistic)"
+            else:
+                budget, source = None, "no requests in the window"
+            out.append(
+                SloReport(
+                    slo=name,
+                    target=t.name,
+                    promise=slo.describe(),
+                    records=len(rec),
+                    exact_share=None if exact is None else _num(exact.share),
+                    exact_meets=None if exact is None else exact.meets,
+                    histogram_lower=_num(hist.lower) if hist else None,
+                    histogram_upper=_num(hist.upper) if hist else None,
+                    histogram_label=hist.label if hist else "no histogram data",
+                    histogram_meets=hist.meets if hist else None,
+                    histogram_requests=hist.requests if hist else 0.0,
+                    budget_spent=None if budget is None else _num(budget.spent),
+                    burn_rate=None if budget is None else _num(budget.burn_rate),
+                    budget_source=source,
+                    notes=(list(hist.notes) if hist else [])
+                    + (list(budget.notes) if budget else []),
+                )
+            )
+    return out
+
+
+class MeasuredPoint(BaseModel):
+    """One probe measurement of a target: a request rate and the share outside an SLO."""
+
+    run_id: int
+    kind: str
+    rate: float
+    share_outside: float
+
+
+def measured_points(engine: Engine, target_id: int) -> list[MeasuredPoint]:
+    """(rate, share outside the SLO) from the latency and capacity runs of a target that
+    judged an SLO: the measured input of the cost frame."""
+    out = []
+    for run in q.list_runs(engine, limit=500):
+        if run.target_id != target_id or run.status != "done":
+            continue
+        if run.kind == "latency" and run.summary.get("slo_share") is not None:
+            out.append(
+                MeasuredPoint(
+                    run_id=run.id,
+                    kind=run.kind,
+                    rate=float(run.params.get("rate", 0)),
+                    share_outside=1 - float(run.summary["slo_share"]),
+                )
+            )
+        elif run.kind == "capacity":
+            out += [
+                MeasuredPoint(
+                    run_id=run.id,
+                    kind=run.kind,
+                    rate=float(s["rate"]),
+                    share_outside=1 - float(s["slo_share"]),
+                )
+                for s in run.summary.get("steps", [])
+                if s.get("slo_share") is not None
+            ]
+    return out
+
+
+class QueueInputs(BaseModel):
+    """What a latency run measured that Kingman's approximation takes, and the waits seen."""
+
+    run_id: int
+    requests: int
+    rate: float
+    ca: float
+    service_s: float
+    cs: float
+    engine_queue_p50_s: float | None
+    client_ttft_p50_s: float | None
+
+
+def queue_inputs(engine: Engine, run_id: int) -> QueueInputs:
+    """Arrival and service variability from a latency run's own request records.
+
+    Arrivals are the scheduled send times; a request's service time is its whole stay in
+    the engine once sent (sent to end), the closest a client can see of it.
+    """
+    run = q.get_run(engine, run_id)
+    rec = q.run_records(engine, run_id)
+    ok = rec[rec["status"] == "ok"]
+    service = (ok["end_ts"] - ok["sent_ts"]).dropna().tolist()
+    v = measure_variability(sorted(rec["scheduled_ts"].tolist()), service)
+    engine_q = (run.summary.get("engine") or {}).get("queue_time") or {}
+    return QueueInputs(
+        run_id=run_id,
+        requests=len(rec),
+        rate=v.arrival_rate,
+        ca=v.ca,
+        service_s=v.service_s,
+        cs=v.cs,
+        engine_queue_p50_s=engine_q.get("p50"),
+        client_ttft_p50_s=(run.summary.get("ttft_s") or {}).get("p50"),
+    )

@@ -1,0 +1,197 @@
+"""Alerts page: what is firing, the rules (editable), history, and the exports for
+Prometheus and Grafana."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from app import common
+from app.exports import grafana_dashboard_json, prometheus_rules_yaml
+from planner.errors import KvscopeError
+from probes.rules import DEFAULT_RULES, RuleKind, parse_rule
+from storage import queries
+
+
+def render() -> None:
+    """Draw the page."""
+    st.title("Alerts")
+    common.worker_banner()
+    store = common.store()
+    queries.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES])
+    _open()
+    rules = queries.list_rules(store)
+    st.subheader("Rules")
+    st.dataframe(
+        pd.DataFrame([_rule_row(rid, data) for rid, data in rules]),
+        hide_index=True,
+        width="stretch",
+    )
+    with st.expander("Change, add or remove a rule"):
+        _editor(rules)
+    _history()
+    _exports(rules)
+
+
+@st.fragment(run_every=5.0)
+def _open() -> None:
+    firing = queries.open_alerts(common.store())
+    st.subheader(f"Firing now ({len(firing)})")
+    if not firing:
+        st.caption("Nothing is firing.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "severity": a.severity,
+                    "rule": a.rule,
+                    "target": a.target,
+                    "since": common.age(a.started_at),
+                    "value": a.value,
+                    "message": a.message,
+                }
+                for a in firing
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _rule_row(rule_id: int, data: dict[str, Any]) -> dict[str, Any]:
+    try:
+        words = parse_rule(data).describe()
+    except KvscopeError as err:
+        words = f"invalid: {err}"
+    return {
+        "id": rule_id,
+        "name": data["name"],
+        "enabled": data.get("enabled", True),
+        "severity": data.get("severity"),
+        "condition": words,
+        "for": f"{data.get('for_s', 0):g} s",
+        "target": data.get("target") or "every",
+    }
+
+
+def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
+    store = common.store()
+    choices: list[tuple[int | None, dict[str, Any]]] = [(None, {}), *rules]
+    pick = st.selectbox(
+        "Rule",
+        choices,
+        key="rule_pick",
+        format_func=lambda r: "(a new rule)" if r[0] is None else r[1]["name"],
+    )
+    rule_id, data = pick
+    kinds = [k.value for k in RuleKind]
+    with st.form("rule_form"):
+        c = st.columns(3)
+        name = c[0].text_input("Name", data.get("name", ""))
+        kind = c[1].selectbox("Kind", kinds, index=kinds.index(data.get("kind", "kv_level")))
+        severity = c[2].selectbox(
+            "Severity",
+            ["info", "warning", "critical"],
+            index=["info", "warning", "critical"].index(data.get("severity", "warning")),
+        )
+        d = st.columns(4)
+        threshold = d[0].number_input(
+            "Threshold", value=float(data.get("threshold", 0.9)), format="%.4g"
+        )
+        for_s = d[1].number_input("For (s)", min_value=0.0, value=float(data.get("for_s", 60)))
+        window_s = d[2].number_input(
+            "Window (s)", min_value=1.0, value=float(data.get("window_s", 300))
+        )
+        metric = d[3].selectbox(
+            "Metric",
+            [None, "ttft", "itl", "tpot"],
+            index=[None, "ttft", "itl", "tpot"].index(data.get("metric")),
+        )
+        targets = [None, *[t.name for t in common.targets(common.db_url())]]
+        target = st.selectbox(
+            "Target",
+            targets,
+            index=targets.index(data.get("target")) if data.get("target") in targets else 0,
+            format_func=lambda t: "every target" if t is None else t,
+        )
+        enabled = st.checkbox("Enabled", data.get("enabled", True))
+        if st.form_submit_button("Save rule"):
+            try:
+                rule = parse_rule(
+                    {
+                        "name": name,
+                        "kind": kind,
+                        "severity": severity,
+                        "threshold": threshold,
+                        "for_s": for_s,
+                        "window_s": window_s,
+                        "metric": metric,
+                        "target": target,
+                        "enabled": enabled,
+                    }
+                )
+                queries.save_rule(store, rule.model_dump(), rule_id)
+            except KvscopeError as err:
+                st.error(str(err))
+            else:
+                st.success(f"Saved: {rule.describe()}")
+    if rule_id is not None and st.button("Remove this rule", key="rule_remove"):
+        queries.remove_rule(store, rule_id)
+        st.rerun()
+
+
+def _history() -> None:
+    st.subheader("History, last 30 days")
+    rows = queries.alerts(common.store(), since=time.time() - 30 * 86400)
+    if not rows:
+        st.caption("No alert has fired in the last 30 days.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "fired": common.age(a.started_at),
+                    "resolved": common.age(a.resolved_at) if a.resolved_at else "firing",
+                    "lasted": f"{((a.resolved_at or time.time()) - a.started_at) / 60:.1f} min",
+                    "severity": a.severity,
+                    "rule": a.rule,
+                    "target": a.target,
+                    "message": a.message,
+                }
+                for a in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _exports(rules: list[tuple[int, dict[str, Any]]]) -> None:
+    st.subheader("For Prometheus and Grafana")
+    parsed = []
+    for _, data in rules:
+        try:
+            parsed.append(parse_rule(data))
+        except KvscopeError:
+            continue
+    c1, c2 = st.columns(2)
+    c1.download_button(
+        "Prometheus alerting rules (YAML)",
+        prometheus_rules_yaml(parsed),
+        file_name="kvscope-rules.yml",
+        mime="application/yaml",
+    )
+    c2.download_button(
+        "Grafana dashboard (JSON)",
+        grafana_dashboard_json(),
+        file_name="kvscope-dashboard.json",
+        mime="application/json",
+    )
+    st.caption(
+        "The same rules as Prometheus alerts (they pass `promtool check rules`), and "
+        "the Live and Tail panels over Prometheus. See docs/exports.md."
+    )

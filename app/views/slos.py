@@ -1,0 +1,169 @@
+"""SLOs page: the promises, compliance two ways (exact and bucket-bounded), error budgets.
+
+Product owners set the promise here; the worker's alert rules use its bounds, and the
+Cost page weighs breaking it against the price of headroom.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import common
+from app.reports import slo_reports
+from planner.errors import KvscopeError
+from planner.slo import parse_slo, slo_presets
+from storage import queries
+from storage.schemas import TargetRow
+
+
+def render() -> None:
+    """Draw the page."""
+    st.title("SLOs")
+    common.worker_banner()
+    store = common.store()
+    _reports()
+    targets = common.targets(common.db_url())
+    with st.expander("Add or change an SLO", expanded=not queries.list_slos(store)):
+        _form(targets)
+    slos = queries.list_slos(store)
+    if slos:
+        with st.expander("Remove an SLO"):
+            name = st.selectbox("SLO", [n for _, n, _, _ in slos], key="slo_remove")
+            sure = st.checkbox(
+                "Remove it (the alert rules fall back to their own bounds)", key="slo_remove_sure"
+            )
+            if st.button("Remove", disabled=not sure, key="slo_remove_btn"):
+                queries.remove_slo(store, name)
+                st.rerun()
+    with st.expander("MLPerf Inference presets and where they come from"):
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {"preset": k, "promise": p.describe(), "source": p.source}
+                    for k, p in slo_presets().items()
+                ]
+            ),
+            hide_index=True,
+        )
+
+
+@st.fragment(run_every=10.0)
+def _reports() -> None:
+    reports = slo_reports(common.store())
+    if not reports:
+        st.info("No SLO yet. Add one below, from an MLPerf preset or your own bounds.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "SLO": r.slo,
+                    "target": r.target,
+                    "promise": r.promise,
+                    "exact (probe requests)": r.exact_share,
+                    "requests": r.records,
+                    "engine histograms, at least": r.histogram_lower,
+                    "engine histograms, at most": r.histogram_upper,
+                    "histogram reading": r.histogram_label,
+                    "budget spent": r.budget_spent,
+                    "burn rate": r.burn_rate,
+                    "budget from": r.budget_source,
+                }
+                for r in reports
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "exact (probe requests)": st.column_config.ProgressColumn(
+                format="percent",
+                min_value=0.0,
+                max_value=1.0,
+                help="share inside both bounds among the requests kvscope's probes sent: exact",
+            ),
+            "engine histograms, at least": st.column_config.NumberColumn(
+                format="percent",
+                help="the engine's TTFT and per-token histograms are separate "
+                "and bucketed: the joint share is only known to lie in this range",
+            ),
+            "engine histograms, at most": st.column_config.NumberColumn(format="percent"),
+            "budget spent": st.column_config.NumberColumn(
+                format="percent", help="bad requests over the allowance (1 - share)"
+            ),
+            "burn rate": st.column_config.NumberColumn(
+                format="%.2f", help="1.0 spends exactly the allowance over the window"
+            ),
+        },
+    )
+    st.caption(
+        "Exact compliance counts the requests kvscope's probes sent in the window. "
+        "The engine's histograms cover all traffic but only bound the share: each "
+        "bound between two bucket edges widens it, and the two histograms cannot tell "
+        "which requests met both (Fréchet bounds). See docs/slo.md."
+    )
+
+
+def _form(targets: list[TargetRow]) -> None:
+    presets = slo_presets()
+    key = st.selectbox("Start from", ["(your own bounds)", *presets], key="slo_preset")
+    base = presets.get(key)
+    with st.form("slo_form"):
+        c = st.columns(3)
+        name = c[0].text_input("Name", base.name if base else "")
+        target = c[1].selectbox(
+            "Applies to",
+            [None, *targets],
+            format_func=lambda t: "every target" if t is None else t.name,
+        )
+        klass = c[2].selectbox(
+            "Request class",
+            ["interactive", "batch"],
+            index=0 if not base or base.request_class == "interactive" else 1,
+        )
+        d = st.columns(4)
+        ttft = d[0].number_input(
+            "TTFT bound (s)", min_value=0.0, value=base.ttft_s if base else 2.0, format="%.3f"
+        )
+        per_token = d[1].selectbox(
+            "Per-token bound on",
+            ["tpot", "itl"],
+            index=0 if not base or base.per_token == "tpot" else 1,
+        )
+        tpot = d[2].number_input(
+            "Per-token bound (s)", min_value=0.0, value=base.tpot_s if base else 0.1, format="%.3f"
+        )
+        share = d[3].number_input(
+            "Share inside both",
+            min_value=0.0,
+            max_value=1.0,
+            value=base.share if base else 0.99,
+            format="%.3f",
+        )
+        window = st.number_input(
+            "Window (hours)", min_value=0.01, value=(base.window_s if base else 86400.0) / 3600
+        )
+        if st.form_submit_button("Save SLO"):
+            try:
+                slo = parse_slo(
+                    {
+                        "name": name,
+                        "ttft_s": ttft,
+                        "tpot_s": tpot,
+                        "per_token": per_token,
+                        "share": share,
+                        "window_s": window * 3600,
+                        "request_class": klass,
+                        "source": base.source if base else "set by hand",
+                    }
+                )
+                queries.save_slo(
+                    common.store(),
+                    slo.name,
+                    slo.model_dump(),
+                    None if target is None else target.id,
+                )
+            except KvscopeError as err:
+                st.error(str(err))
+            else:
+                st.success(f"Saved: {slo.describe()}")
