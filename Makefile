@@ -55,6 +55,8 @@ bench: install engine-env
 	$(BIN)/python -m benchmarks.storage
 	$(BIN)/python -m benchmarks.planner
 	$(BIN)/python -m benchmarks.engine
+	$(BIN)/python -m benchmarks.loadgen
+	$(BIN)/python -m benchmarks.alerts
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .mypy_cache .ruff_cache .pytest_cache test-artifacts

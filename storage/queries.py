@@ -271,7 +271,9 @@ def series_points(
             .order_by(Rollup.series_id, Rollup.ts)
         )
     with engine.connect() as conn:
-        rows = conn.execute(q).all()
+        # Plain tuples: pandas probes each SQLAlchemy Row for attributes, which costs more
+        # than the query.
+        rows = [tuple(r) for r in conn.execute(q)]
     cols = ["series_id", "metric", "labels_key", "ts"] + (
         ["value"] if resolution == 0 else ["min", "max", "avg", "last", "count"]
     )
