@@ -22,7 +22,7 @@ import typer
 from sqlalchemy import Engine
 
 from app.plan_cli import plan
-from app.probe_cli import probe_app, profile_app
+from app.probe_cli import print_summary, probe_app, profile_app
 from planner.errors import InvalidInput, KvscopeError
 from storage.settings import Settings
 
@@ -106,19 +106,8 @@ def scrape(
         summary = summarize(do_scrape(client, base, token_env, timeout))
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-        return
-    for key, value in summary.items():
-        if isinstance(value, dict):
-            parts = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
-            typer.echo(f"{key:<24} {parts}")
-        else:
-            typer.echo(f"{key:<24} {_fmt(value)}")
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "-" if v is None else str(v)
+    else:
+        print_summary(summary)
 
 
 # --- targets -------------------------------------------------------------------------------

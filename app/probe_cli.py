@@ -112,11 +112,12 @@ def run_cli_probe(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:
-        _print_summary(summary)
+        print_summary(summary)
     return summary
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any]) -> None:
+    """A summary as aligned lines: scalars, and one line per flat mapping."""
     for key, value in summary.items():
         if isinstance(value, dict) and all(not isinstance(v, dict | list) for v in value.values()):
             parts = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from planner.errors import InvalidInput, UnknownChoice
-from planner.models import ModelArch, served_dtype
+from planner.models import DTYPE_ALIASES, ModelArch, served_dtype
 
 DEFAULT_BLOCK_SIZE = 16
 # FlashMLA (vLLM's default MLA backend on Hopper) requires 64-token blocks.
@@ -33,14 +33,7 @@ SCALE_BYTES = 4
 KV_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "int8", "int4", "nvfp4", "fp8_ds_mla")
 _KV_ALIASES = {
     "auto": "auto",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
+    **DTYPE_ALIASES,
     "fp8": "fp8",
     "fp8_e4m3": "fp8",
     "fp8_e5m2": "fp8",

@@ -49,7 +49,8 @@ _TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gemma3")
 _QKV_BIAS_TYPES = ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl")
 _QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "gemma3")
 _FOUR_NORM_TYPES = ("gemma2", "gemma3_text", "gemma3")
-_DTYPE_ALIASES = {
+# Spellings of the floating-point dtypes in configs, CLI flags and vLLM's --dtype.
+DTYPE_ALIASES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
     "float16": "float16",
@@ -363,7 +364,7 @@ def _from_config(cfg: Mapping[str, Any], name: str | None, source: str) -> Model
                 "speculative decoding"
             )
     dtype_raw = str(_get(text, "dtype", "torch_dtype") or "float32").lower()
-    dtype = _DTYPE_ALIASES.get(dtype_raw.removeprefix("torch."), "bfloat16")
+    dtype = DTYPE_ALIASES.get(dtype_raw.removeprefix("torch."), "bfloat16")
     if model_type not in _KNOWN_TYPES:
         notes.append(
             f"model_type {model_type!r} is not one the planner knows: parameters assume a "
@@ -704,7 +705,7 @@ def param_count(arch: ModelArch) -> ParamCount:
 
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4")
 _WEIGHT_ALIASES = {
-    **_DTYPE_ALIASES,
+    **DTYPE_ALIASES,
     "fp8": "fp8",
     "float8": "fp8",
     "int8": "int8",
@@ -718,7 +719,7 @@ _FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 def served_dtype(arch: ModelArch, model_dtype: str = "auto") -> str:
     """The dtype vLLM runs the model in: `--dtype auto` serves float32 checkpoints in bf16."""
-    wanted = _DTYPE_ALIASES.get(model_dtype.lower()) if model_dtype != "auto" else None
+    wanted = DTYPE_ALIASES.get(model_dtype.lower()) if model_dtype != "auto" else None
     if model_dtype != "auto" and wanted is None:
         raise UnknownChoice("model dtype", model_dtype, ["auto", "bfloat16", "float16", "float32"])
     if wanted:

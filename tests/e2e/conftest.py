@@ -8,7 +8,6 @@ runs last. Every process started here is stopped by its process group at the end
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,15 +22,10 @@ from probes.worker import Worker
 from storage import queries as q
 from storage.schemas import RunRow
 from storage.settings import Settings
+from tests.e2e.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
