@@ -176,8 +176,14 @@ def sweep(
             help="concurrencies to try, repeatable (default: 1, 2, 4 ... --max-concurrency)"
         ),
     ] = None,
-    max_concurrency: Annotated[int, typer.Option(help="largest concurrency")] = 16,
-    requests_per_step: Annotated[int | None, typer.Option(help="default 4 x concurrency")] = None,
+    max_concurrency: Annotated[
+        int,
+        typer.Option(
+            help="largest concurrency (without --concurrency, the sweep stops two steps "
+            "past the knee)"
+        ),
+    ] = 64,
+    requests_per_step: Annotated[int | None, typer.Option(help="default 2 x concurrency")] = None,
     prompt_tokens: Annotated[int, typer.Option()] = 256,
     output_tokens: Annotated[int, typer.Option()] = 128,
     model: Model = None,

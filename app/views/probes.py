@@ -36,7 +36,7 @@ FIELDS: dict[str, list[tuple[str, str, float | int]]] = {
         ("output_tokens", "output tokens", 64),
     ],
     "batch_sweep": [
-        ("max_concurrency", "largest concurrency", 16),
+        ("max_concurrency", "largest concurrency", 64),
         ("prompt_tokens", "prompt tokens", 256),
         ("output_tokens", "output tokens", 128),
     ],
