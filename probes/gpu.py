@@ -33,7 +33,7 @@ class GpuSampler:
 
     def __init__(self) -> None:
         self.available = False
-        self.message = ""
+        self.message = self._found = ""
         try:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
@@ -44,7 +44,7 @@ class GpuSampler:
             self.message = "no GPU: NVML found no devices"
             return
         self.available = True
-        self.message = f"{count} GPU(s) found"
+        self.message = self._found = f"{count} GPU(s) found"
 
     def sample(self) -> list[GpuSample]:
         """Current readings; an empty list without GPUs or when NVML fails mid-way."""
@@ -69,6 +69,7 @@ class GpuSampler:
         except pynvml.NVMLError as err:
             self.message = f"GPU sampling failed: {err}"
             return []
+        self.message = self._found  # a failure that passed should not linger on the page
         return out
 
     def state(self) -> dict[str, Any]:
