@@ -181,9 +181,15 @@ def engine_configure(
             "(max_model_len, kv_cache_memory_bytes, block_size, dtype, ...)",
         ),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env", help="KEY=VALUE for the engine's environment, repeatable; KEY= removes KEY"
+        ),
+    ] = None,
 ) -> None:
     """Create or change an engine spec; a new `embedded` starts from the CPU default."""
-    from probes.engine import embedded_spec, parse_spec
+    from probes.engine import embedded_spec, parse_env_items, parse_spec
     from storage import queries as q
 
     store = _store()
@@ -207,6 +213,8 @@ def engine_configure(
         if not sep:
             raise InvalidInput(f"--set wants FIELD=VALUE, got {item!r}")
         data[key.strip()] = None if value.strip() in ("", "none", "None") else value.strip()
+    if env:
+        data["env"] = parse_env_items(env, dict(data.get("env") or {}))
     spec = parse_spec(data)
     q.save_engine_spec(store, spec.name, spec.model_dump())
     typer.echo(spec.command_line(_settings().data_dir / "engines" / spec.name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,6 +62,33 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A least-squares line through samples: slope (y per x) and its standard error."""
+
+    slope: float
+    stderr: float
+    n: int
+
+    @property
+    def significant(self) -> bool:
+        """Whether the slope is more than two standard errors from zero (about 95%)."""
+        return abs(self.slope) > 2 * self.stderr
+
+
+def linear_trend(xs: Sequence[float], ys: Sequence[float]) -> Trend | None:
+    """Ordinary least squares of ys on xs; None with fewer than 3 points or one x."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    n = len(x)
+    sxx = float(((x - x.mean()) ** 2).sum()) if n else 0.0
+    if n < 3 or sxx <= 0:
+        return None
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / sxx)
+    residuals = y - (y.mean() + slope * (x - x.mean()))
+    stderr = math.sqrt(float((residuals**2).sum()) / (n - 2) / sxx)
+    return Trend(slope, stderr, n)
 
 
 def histogram_quantiles(q: float, les: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError
+from planner.stats import linear_trend
 from probes.rules import MIN_COUNT, AlertRule, RuleKind, parse_rule
 from storage import derived as d
 from storage import queries as q
@@ -50,9 +51,8 @@ def _sustained(values: np.ndarray, above: float) -> tuple[bool, float | None]:
 
 def _slope_per_min(ts: np.ndarray, ys: np.ndarray) -> float | None:
     ok = ~np.isnan(ys)
-    if ok.sum() < 3 or np.ptp(ts[ok]) <= 0:
-        return None
-    return float(np.polyfit(ts[ok], ys[ok], 1)[0] * 60)
+    line = linear_trend(ts[ok], ys[ok])
+    return None if line is None else line.slope * 60
 
 
 def evaluate(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from storage.settings import Settings
 
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
 CPU_BLOCK_MULTIPLE = 32
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 KvDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
@@ -66,6 +68,17 @@ class EngineSpec(BaseModel):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError("name must be letters, digits, '.', '_' or '-' (at most 100)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not ENV_NAME_RE.fullmatch(k)]
+        if bad:
+            raise ValueError(
+                f"environment variable name {bad[0]!r} is not valid "
+                "(letters, digits and '_', not starting with a digit)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -184,6 +197,23 @@ def parse_spec(data: dict[str, object]) -> EngineSpec:
         raise InvalidInput(f"engine spec refused: {validation_message(err)}") from err
 
 
+def parse_env_items(items: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
+    """`KEY=VALUE` items applied over `env`; `KEY=` removes KEY. InvalidInput names a bad item."""
+    out = dict(env or {})
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not ENV_NAME_RE.fullmatch(key):
+            raise InvalidInput(
+                f"environment item {item!r} is not KEY=VALUE with a valid variable name"
+            )
+        if value:
+            out[key] = value
+        else:
+            out.pop(key, None)
+    return out
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Whether something already listens on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -234,6 +264,11 @@ def embedded_spec(settings: Settings) -> EngineSpec:
 
     The KV space is small on purpose (16 MiB = 16,384 float32 tokens of the tiny model), so a
     few concurrent long requests fill it and the probes can find its limits.
+
+    One engine process instead of two (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so vLLM runs the
+    model inside its engine-core process): with a separate model worker the engine core
+    busy-polls for the worker's results, and on a 2-core machine that starves the API server,
+    which then answers /metrics only between requests and streams tokens in bursts.
     """
     return EngineSpec(
         name="embedded",
@@ -247,6 +282,7 @@ def embedded_spec(settings: Settings) -> EngineSpec:
         block_size=32,
         enforce_eager=True,
         python=str(settings.engine_venv / "bin" / "python"),
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from planner.stats import linear_trend
 from probes.loadgen import Arrival, Bounds, run_open_loop
 from probes.probe import ProbeContext, ProbeParams, Sampler, rounded
 from probes.workloads import RequestShape
@@ -36,14 +37,20 @@ class Params(ProbeParams):
     sample_every_s: float = Field(1.0, gt=0)
 
 
-def trend(points: list[dict[str, Any]], start: float, end: float) -> dict[str, float | None]:
-    """Least-squares slope of KV usage (share of the cache per minute) within [start, end]."""
-    xs = [p["t"] for p in points if start <= p["t"] <= end and p.get("kv_usage") is not None]
-    ys = [p["kv_usage"] for p in points if start <= p["t"] <= end and p.get("kv_usage") is not None]
-    if len(xs) < 3:
-        return {"slope_per_min": None, "mean": None}
-    slope, _ = np.polyfit(np.asarray(xs), np.asarray(ys), 1)
-    return {"slope_per_min": float(slope * 60), "mean": float(np.mean(ys))}
+def trend(points: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """Least-squares slope of KV usage (share of the cache per minute) within [start, end],
+    its standard error, and whether it stands out of the noise (beyond two errors)."""
+    inside = [p for p in points if start <= p["t"] <= end and p.get("kv_usage") is not None]
+    line = linear_trend([p["t"] for p in inside], [p["kv_usage"] for p in inside])
+    if line is None:
+        return {"slope_per_min": None, "slope_stderr_per_min": None, "mean": None}
+    return {
+        "slope_per_min": line.slope * 60,
+        "slope_stderr_per_min": line.stderr * 60,
+        "significant": line.significant,
+        "samples": line.n,
+        "mean": float(np.mean([p["kv_usage"] for p in inside])),
+    }
 
 
 def _mean(points: list[dict[str, Any]], start: float, end: float) -> float | None:
@@ -115,31 +122,37 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
             "errors": summary["errors"],
             "unique_prefixes": -(-len(specs) // params.requests_per_prefix),
             "slope_per_min": steady["slope_per_min"],
+            "slope_stderr_per_min": steady["slope_stderr_per_min"],
             "mean_under_load": steady["mean"],
             "kv_usage_peak": sampler.peak("kv_usage"),
             "baseline": baseline,
             "after": after,
             "returned_to_baseline": returned,
             "preemptions": sampler.increase("preemptions_total"),
-            "message": _message(steady["slope_per_min"], baseline, after, returned),
+            "message": _message(steady, baseline, after, returned),
         }
     )
 
 
 def _message(
-    slope: float | None, baseline: float | None, after: float | None, returned: bool | None
+    steady: dict[str, Any], baseline: float | None, after: float | None, returned: bool | None
 ) -> str:
+    slope = steady["slope_per_min"]
     if slope is None:
         return "too few KV samples to judge a trend (does the target expose vLLM's metrics?)"
-    creep = (
-        f"KV usage {'rose' if slope > 0 else 'fell'} {abs(slope):.1%} of the cache per "
-        "minute at a stable request rate"
-    )
+    spread = f"{slope:+.1%} ± {2 * steady['slope_stderr_per_min']:.1%} of the cache per minute"
+    if steady["significant"]:
+        creep = f"KV usage {'rose' if slope > 0 else 'fell'} at a stable request rate: {spread}"
+    else:
+        creep = (
+            f"no clear KV trend at a stable request rate: {spread} is within the noise of "
+            f"{steady['samples']} samples (a longer run narrows it)"
+        )
     if returned is None:
         return creep
     back = (
         "returned to its baseline"
         if returned
-        else f"stayed at {after:.1%} after the load (baseline {baseline:.1%})"
+        else f"stayed at {after:.1%} (baseline {baseline:.1%})"
     )
     return f"{creep}; after the load it {back}"

@@ -6,6 +6,7 @@ The KV facts vLLM logged at startup stand beside the planner's prediction for th
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from app import common
 from planner.errors import KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
-from probes.engine import DTYPES, KV_DTYPES, EngineSpec, parse_spec
+from probes.engine import DTYPES, KV_DTYPES, EngineSpec, parse_env_items, parse_spec
 from storage import dashboards, queries
 
 
@@ -225,7 +226,19 @@ def _form(spec: EngineSpec) -> None:
         )
         eager = st.checkbox("Enforce eager (faster start, no CUDA graphs)", spec.enforce_eager)
         extra = st.text_input("Extra arguments", " ".join(spec.extra_args))
+        env_text = st.text_input(
+            "Environment",
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
+            help="KEY=VALUE items added to the engine's environment. The CPU default sets "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0: one engine process, so that on a small machine "
+            "the API server is not starved (see docs/probes.md).",
+        )
         if st.form_submit_button("Save spec"):
+            try:
+                env = parse_env_items(shlex.split(env_text))
+            except (KvscopeError, ValueError) as err:
+                st.error(f"environment: {err}")
+                return
             data = spec.model_dump() | {
                 "model": model,
                 "served_model_name": served or None,
@@ -241,6 +254,7 @@ def _form(spec: EngineSpec) -> None:
                 "num_gpu_blocks_override": int(override) or None,
                 "enforce_eager": eager,
                 "extra_args": extra.split(),
+                "env": env,
             }
             try:
                 new = parse_spec(data)
@@ -248,4 +262,9 @@ def _form(spec: EngineSpec) -> None:
             except KvscopeError as err:
                 st.error(str(err))
             else:
-                st.success("Saved. It applies at the next start or restart.")
+                # Rerun so the form is drawn from what was saved: widgets drawn from the old
+                # values would lose a second edit made right away.
+                st.session_state["engine_saved"] = "Saved. It applies at the next start or restart."
+                st.rerun()
+    if saved := st.session_state.pop("engine_saved", None):
+        st.success(saved)

@@ -134,6 +134,23 @@ def test_engine_configure_show_and_refusals(tmp_path: Path) -> None:
     assert logs.returncode == 2 and "has it ever started" in logs.stderr
 
 
+def test_engine_configure_edits_the_environment(tmp_path: Path) -> None:
+    made = kvscope("engine", "configure", "--env", "OMP_NUM_THREADS=1", env_dir=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1" in made.stdout
+    dropped = kvscope(
+        "engine", "configure", "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=", env_dir=tmp_path
+    )
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in dropped.stdout
+    shown = json.loads(kvscope("engine", "show", "--json", env_dir=tmp_path).stdout)
+    assert shown["spec"]["env"] == {"OMP_NUM_THREADS": "1"}
+    bad = kvscope("engine", "configure", "--env", "NOEQUALS", env_dir=tmp_path)
+    assert bad.returncode == 2
+    assert "environment item 'NOEQUALS' is not KEY=VALUE" in bad.stderr
+    again = json.loads(kvscope("engine", "show", "--json", env_dir=tmp_path).stdout)
+    assert again["spec"] == shown["spec"]
+
+
 def test_profiles_are_saved_listed_and_refused(tmp_path: Path) -> None:
     shown = kvscope("profile", "show", "fixed", env_dir=tmp_path)
     assert json.loads(shown.stdout) == {"kind": "fixed", "prompt_tokens": 512, "output_tokens": 128}

@@ -83,3 +83,26 @@ def test_saving_a_bad_spec_shows_why(store: Engine, settings: Settings) -> None:
     assert any("block_size 48 does not work on CPU" in e.value for e in at.error)
     saved, _ = q.get_engine_spec(store, "embedded")
     assert saved["block_size"] == 32  # nothing stored was lost
+
+
+def test_the_environment_is_edited_as_key_value_items(store: Engine, settings: Settings) -> None:
+    spec = embedded_spec(settings)
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    at = _page()
+    env = next(t for t in at.text_input if t.label == "Environment")
+    assert env.value == "VLLM_ENABLE_V1_MULTIPROCESSING=0"
+    env.set_value("VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 NOTE='two words'")
+    next(b for b in at.button if b.label == "Save spec").click().run()
+    assert not at.error and at.success[0].value.startswith("Saved.")
+    saved, _ = q.get_engine_spec(store, "embedded")
+    assert saved["env"] == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
+        "NOTE": "two words",
+    }
+    # A malformed item is refused by name and the stored environment is kept.
+    env = next(t for t in at.text_input if t.label == "Environment")
+    env.set_value("OMP_NUM_THREADS=2 1BAD=x")
+    next(b for b in at.button if b.label == "Save spec").click().run()
+    assert any("'1BAD=x' is not KEY=VALUE" in e.value for e in at.error)
+    assert q.get_engine_spec(store, "embedded")[0]["env"] == saved["env"]

@@ -118,6 +118,8 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
 def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
     live: LiveWorker, cpu_engine: str
 ) -> None:
+    # Answers long enough (256 tokens) that requests overlap: the cache is never empty
+    # during the load, so the samples see it whatever their phase against the arrivals.
     s = _probe(
         live,
         "kv_usage",
@@ -127,18 +129,23 @@ def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
         cooldown_s=8,
         prompt_tokens=256,
         prefix_tokens=128,
-        output_tokens=64,
+        output_tokens=256,
     )
     assert s["requests"] == 24 and s["errors"] == 0
-    assert len(s["timeline"]) >= 15 and s["kv_usage_peak"] > 0
-    assert s["slope_per_min"] is not None and s["returned_to_baseline"] is True
-    assert "per minute at a stable request rate" in s["message"]
+    start, end = s["load_window"]
+    under_load = [p["kv_usage"] for p in s["timeline"] if start + 1 <= p["t"] <= end]
+    assert len(under_load) >= 8 and s["kv_usage_peak"] > 0
+    assert statistics.median(under_load) > 0  # the gauge moves while requests run
+    assert s["slope_per_min"] is not None and s["slope_stderr_per_min"] >= 0
+    assert s["returned_to_baseline"] is True and s["after"] == 0
+    assert "of the cache per minute" in s["message"]
 
 
 def test_capacity_probe_finds_the_highest_rate_inside_the_slo(
     live: LiveWorker, cpu_engine: str
 ) -> None:
-    # Generous bounds: on two shared cores one slow request in a short step is 10% of it.
+    # Generous bounds: on two shared cores one slow request in a short step is 10% of it,
+    # and a 10-request step's p99 lateness is its single worst send (one scheduler hiccup).
     s = _probe(
         live,
         "capacity",
@@ -151,7 +158,7 @@ def test_capacity_probe_finds_the_highest_rate_inside_the_slo(
         iterations=1,
         prompt_tokens=64,
         output_tokens=32,
-        lateness_limit_s=0.05,
+        lateness_limit_s=0.25,
     )
     assert s["capacity_rps"] is not None and s["capacity_rps"] >= 1, s["message"]
     assert [step["rate"] for step in s["steps"]][:1] == [1]

@@ -1,4 +1,4 @@
-"""Histogram quantiles exactly as Prometheus' histogram_quantile computes them."""
+"""Histogram quantiles exactly as Prometheus' histogram_quantile computes them; trend lines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from planner.stats import histogram_quantile, histogram_quantiles, percentile
+from planner.stats import histogram_quantile, histogram_quantiles, linear_trend, percentile
 
 INF = math.inf
 
@@ -61,3 +61,20 @@ def test_percentile_of_raw_values() -> None:
     assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5
     assert percentile([5.0], 0.99) == 5.0
     assert math.isnan(percentile([], 0.5))
+
+
+def test_linear_trend_against_a_hand_computed_fit() -> None:
+    # x̄ = 1.5, ȳ = 1.25, Sxx = 5, Sxy = 4.5: slope 0.9; residuals 0.1, 0.2, -0.7, 0.4,
+    # SSR 0.7, so the slope's standard error is sqrt(0.7 / 2 / 5) = sqrt(0.07).
+    line = linear_trend([0, 1, 2, 3], [0, 1, 1, 3])
+    assert line is not None
+    assert line.slope == pytest.approx(0.9)
+    assert line.stderr == pytest.approx(math.sqrt(0.07))
+    assert line.n == 4 and line.significant  # 0.9 > 2 x 0.265
+
+
+def test_linear_trend_needs_three_points_and_two_xs() -> None:
+    assert linear_trend([0, 1], [0, 1]) is None
+    assert linear_trend([2, 2, 2], [0, 1, 2]) is None
+    flat = linear_trend([0, 1, 2, 3], [5, 5, 5, 5])
+    assert flat is not None and flat.slope == 0 and not flat.significant

@@ -119,6 +119,8 @@ def test_embedded_default(tmp_path: Path) -> None:
     assert spec.kv_cache_memory_bytes == 16 * 1024 * 1024
     assert spec.model == str(tmp_path / "models" / "tiny-llama")
     assert spec.python == str(tmp_path / "venv" / "bin" / "python")
+    # One engine process: a separate model worker starves the API server on small machines.
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in spec.command_line(tmp_path / "run")
 
 
 def test_tmpdir_stays_short_enough_for_vllms_unix_sockets(tmp_path: Path) -> None:

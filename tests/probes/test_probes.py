@@ -11,7 +11,7 @@ import pytest
 from planner.errors import InvalidInput
 from probes import capacity, latency
 from probes.batch_sweep import find_knee
-from probes.kv_usage import trend
+from probes.kv_usage import _message, trend
 from probes.loadgen import RequestResult
 from probes.oom import classify
 from probes.probe import ProbeContext
@@ -75,7 +75,23 @@ def test_kv_trend_is_a_slope_per_minute() -> None:
     points = [{"t": float(t), "kv_usage": 0.1 + 0.002 * t} for t in range(60)]
     got = trend(points, 10, 50)
     assert got["slope_per_min"] == pytest.approx(0.12)
+    assert got["slope_stderr_per_min"] == pytest.approx(0, abs=1e-12) and got["significant"]
     assert trend(points[:2], 0, 60)["slope_per_min"] is None
+
+
+def test_a_slope_inside_the_noise_is_not_called_a_creep() -> None:
+    # Alternating 0 and 4% (requests come and go between samples): no trend, only noise.
+    noisy = [{"t": float(t), "kv_usage": 0.04 * (t % 2)} for t in range(12)]
+    got = trend(noisy, 0, 11)
+    assert got["slope_per_min"] != 0 and not got["significant"]
+    message = _message(got, 0.0, 0.0, True)
+    assert message.startswith("no clear KV trend at a stable request rate")
+    assert "within the noise of 12 samples" in message
+    creep = trend([{"t": float(t), "kv_usage": 0.1 + 0.002 * t} for t in range(60)], 10, 50)
+    assert _message(creep, 0.1, 0.3, False) == (
+        "KV usage rose at a stable request rate: +12.0% ± 0.0% of the cache per minute; "
+        "after the load it stayed at 30.0% (baseline 10.0%)"
+    )
 
 
 def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None:
