@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from probes.engine import build_tiny_model, embedded_spec
 from probes.manager import group_pids
@@ -44,13 +45,28 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def proc_label(pid: int) -> str:
+    """A short name for one engine process: vLLM renames its own, the rest by command line."""
+    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    if not comm.startswith("python"):
+        return comm
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return (
+        "API server"
+        if " serve " in cmd
+        else "resource tracker"
+        if "resource_tracker" in cmd
+        else comm
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def one_run(measure_s: float) -> dict[str, float]:
+def one_run(measure_s: float) -> dict[str, Any]:
     data = Path(tempfile.mkdtemp(prefix="kvscope-bench-engine-"))
     settings = Settings(data_dir=data, embedded_port=free_port())
     build_tiny_model(settings)
@@ -87,6 +103,7 @@ def one_run(measure_s: float) -> dict[str, float]:
         time.sleep(5)  # let the first scrapes and rollups settle
         engine_pids = group_pids(int(state["pid"]))  # type: ignore[call-overload]
         engine_rss = sum(rss_mb(p) for p in engine_pids)
+        labels = sorted(proc_label(p) for p in engine_pids)
         c0, w0 = cpu_seconds(worker.pid), time.time()
         rss = []
         while time.time() - w0 < measure_s:
@@ -102,6 +119,7 @@ def one_run(measure_s: float) -> dict[str, float]:
         "healthy_s": healthy,
         "engine_rss_mb": engine_rss,
         "engine_procs": len(engine_pids),
+        "engine_labels": ", ".join(labels),
         "worker_cpu_pct": cpu,
         "worker_rss_mb": max(rss),
         "samples": samples,
@@ -116,7 +134,7 @@ def main() -> None:
     runs = [one_run(args.measure_s) for _ in range(args.runs)]
 
     def med(key: str) -> float:
-        return statistics.median(r[key] for r in runs)
+        return float(statistics.median(r[key] for r in runs))
 
     print(
         f"time to healthy: median {med('healthy_s'):.1f} s "
@@ -124,7 +142,7 @@ def main() -> None:
     )
     print(
         f"engine RSS: median {med('engine_rss_mb'):,.0f} MB over "
-        f"{med('engine_procs'):.0f} processes (API server, EngineCore, worker)"
+        f"{med('engine_procs'):.0f} processes ({runs[0]['engine_labels']})"
     )
     print(
         f"worker while scraping every second for {args.measure_s:.0f} s: median "
