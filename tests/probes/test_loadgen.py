@@ -209,7 +209,14 @@ def test_summary_counts_from_the_schedule_and_judges_the_slo() -> None:
 def test_records_are_complete() -> None:
     with serve(FakeConfig(itl_s=0.0005)) as fake:
         before = time.time()
-        result = _open(fake, _specs(40), Arrival(kind="poisson", rate=200).offsets(40, 1))
+        # Lateness is not the subject here (see the blocked-loop test): a limit a scheduler
+        # hiccup on a shared machine cannot reach, one a generator gone wrong still would.
+        result = _open(
+            fake,
+            _specs(40),
+            Arrival(kind="poisson", rate=200).offsets(40, 1),
+            lateness_limit_s=0.1,
+        )
     assert result.stopped == "done" and result.planned == 40 and result.trustworthy
     assert [r.seq for r in result.records] == list(range(40))
     for r in result.records:
@@ -273,7 +280,9 @@ def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
                 return result
 
         blocked = asyncio.run(go())
-        calm = _open(fake, _specs(60), schedule)
+        # The control, unblocked: on a shared machine one scheduler hiccup can make a single
+        # 150 ms run late too, so it gets three tries; a generator that always flags fails.
+        calm = [_open(fake, _specs(60), schedule) for _ in range(3)]
     late = [r.lateness_s or 0.0 for r in blocked.records]
     assert max(late) >= 0.04
     assert sum(x > 0.01 for x in late) >= 10  # every request due during the block
@@ -283,7 +292,7 @@ def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
     for r in blocked.records:
         assert r.ttft_s is not None and r.ttft_s >= (r.lateness_s or 0.0)
     assert blocked.summary().lateness_s["max"] == pytest.approx(max(late))
-    assert calm.trustworthy and calm.reason is None
+    assert any(c.trustworthy and c.reason is None for c in calm)
 
 
 def test_http_errors_are_recorded_with_status_and_message() -> None:
@@ -400,8 +409,10 @@ def test_closed_loop_keeps_the_concurrency_and_a_polled_cancel_stops_it() -> Non
         level += step
         peak = max(peak, level)
     assert peak == 4
-    # A freed slot sends at once: lateness is what the loop takes to get there.
-    assert max(r.lateness_s or 0 for r in result.records) < 0.005
+    # A freed slot sends at once: lateness is what the loop takes to get there (typically
+    # well under a millisecond; the worst of 20 may meet a scheduler hiccup).
+    lateness = sorted(r.lateness_s or 0 for r in result.records)
+    assert lateness[len(lateness) // 2] < 0.005 and lateness[-1] < 0.05
     span = max(r.end_ts or 0 for r in result.records) - result.started_ts
     assert 5 * 0.02 <= span < 5 * 0.02 + 0.1
     assert stopped.stopped == "cancelled" and len(stopped.records) < 100
@@ -435,7 +446,7 @@ def test_turns_of_a_session_go_in_order() -> None:
         for i in range(8)
     ]
     with serve(FakeConfig(ttft_s=0.02, itl_s=0.002)) as fake:
-        result = _open(fake, specs, [0.0] * 8)  # all due at once
+        result = _open(fake, specs, [0.0] * 8, lateness_limit_s=0.1)  # all due at once
     for session in ("a", "b"):
         turns = [r for r in result.records if r.seq % 2 == (0 if session == "a" else 1)]
         for prev, nxt in itertools.pairwise(turns):
