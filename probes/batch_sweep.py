@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from probes.loadgen import Bounds, run_closed_loop
 from probes.probe import ProbeContext, ProbeParams, Sampler, rounded
 from probes.workloads import FixedProfile, Profile, parse_profile
 
@@ -118,14 +117,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         )
         specs = await ctx.profile_prompts(params.workload(), n, params.seed + i, params.api)
         async with Sampler(ctx) as sampler:
-            result = await run_closed_loop(
-                ctx.client,
-                ctx.endpoint(params.api),
-                specs,
-                c,
-                cancel=ctx.cancelled,
-                bounds=Bounds(request_timeout_s=params.request_timeout_s),
-            )
+            result = await ctx.closed_loop(params, specs, c)
         ctx.sink(result.records, f"concurrency={c}")
         s = result.summary().as_dict()
         steps.append(

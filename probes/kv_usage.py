@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from planner.stats import linear_trend
-from probes.loadgen import Arrival, Bounds, run_open_loop
+from probes.loadgen import Arrival
 from probes.probe import ProbeContext, ProbeParams, Sampler, rounded
 from probes.workloads import RequestShape
 
@@ -88,16 +88,8 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
                 {"phase": f"load: {done}/{planned}", "timeline": sampler.points[-300:]},
             )
 
-        result = await run_open_loop(
-            ctx.client,
-            ctx.endpoint(params.api),
-            specs,
-            schedule,
-            bounds=Bounds(
-                max_duration_s=params.duration_s, request_timeout_s=params.request_timeout_s
-            ),
-            cancel=ctx.cancelled,
-            progress=progress,
+        result = await ctx.open_loop(
+            params, specs, schedule, max_duration_s=params.duration_s, progress=progress
         )
         load_end = sampler.points[-1]["t"] if sampler.points else load_start
         ctx.sink(result.records, "kv_usage")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from planner.errors import KvscopeError
-from probes.loadgen import Arrival, Bounds, RunResult, percentiles, run_open_loop
+from probes.loadgen import Arrival, RunResult, percentiles
 from probes.probe import (
     ProbeContext,
     ProbeParams,
@@ -89,15 +89,11 @@ async def measure(
         )
 
     async with Sampler(ctx) as sampler:
-        result = await run_open_loop(
-            ctx.client,
-            ctx.endpoint(params.api),
+        result = await ctx.open_loop(
+            params,
             specs,
             schedule,
-            bounds=Bounds(
-                max_duration_s=params.duration_s, request_timeout_s=params.request_timeout_s
-            ),
-            cancel=ctx.cancelled,
+            max_duration_s=params.duration_s,
             progress=progress,
             lateness_limit_s=params.lateness_limit_s,
         )

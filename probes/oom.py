@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 from planner.errors import InvalidInput, KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
-from probes.loadgen import Bounds, RequestResult, percentiles, run_closed_loop
+from probes.loadgen import RequestResult, percentiles
 from probes.probe import ProbeContext, ProbeParams, Sampler, counter_delta, rounded
 from probes.workloads import FixedProfile
 
@@ -132,14 +132,7 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
     except KvscopeError:
         before = None  # no vLLM metrics: the sampler's view (or none) has to do
     async with Sampler(ctx, every_s=0.25) as sampler:
-        result = await run_closed_loop(
-            ctx.client,
-            ctx.endpoint(params.api),
-            specs,
-            params.batch,
-            cancel=ctx.cancelled,
-            bounds=Bounds(request_timeout_s=params.request_timeout_s),
-        )
+        result = await ctx.closed_loop(params, specs, params.batch)
     ctx.sink(result.records, f"context={context}")
     preemptions = sampler.increase("preemptions_total")
     if before is not None:

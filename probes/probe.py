@@ -21,7 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import KvscopeError, TargetError
 from planner.stats import histogram_quantile
-from probes.loadgen import Endpoint, RequestResult, RequestSpec, new_client
+from probes.loadgen import (
+    Bounds,
+    Endpoint,
+    Progress,
+    RequestResult,
+    RequestSpec,
+    RunResult,
+    new_client,
+    run_closed_loop,
+    run_open_loop,
+)
 from probes.metrics import ParsedScrape, parse_metrics
 from probes.workloads import Profile, PromptBuilder, RequestShape
 from storage.schemas import normalize_base_url
@@ -61,6 +71,43 @@ class ProbeContext:
     def endpoint(self, api: Literal["completions", "chat"] = "completions") -> Endpoint:
         """Where requests go."""
         return Endpoint(self.base_url, self.model, api=api)
+
+    async def open_loop(
+        self,
+        params: ProbeParams,
+        specs: Sequence[RequestSpec],
+        schedule: Sequence[float],
+        *,
+        max_duration_s: float | None = None,
+        progress: Progress | None = None,
+        lateness_limit_s: float = 0.010,
+    ) -> RunResult:
+        """The open loop against this target, with the probe's request timeout and cancel."""
+        return await run_open_loop(
+            self.client,
+            self.endpoint(params.api),
+            specs,
+            schedule,
+            bounds=Bounds(
+                max_duration_s=max_duration_s, request_timeout_s=params.request_timeout_s
+            ),
+            cancel=self.cancelled,
+            progress=progress,
+            lateness_limit_s=lateness_limit_s,
+        )
+
+    async def closed_loop(
+        self, params: ProbeParams, specs: Sequence[RequestSpec], concurrency: int
+    ) -> RunResult:
+        """The closed loop against this target, with the probe's request timeout and cancel."""
+        return await run_closed_loop(
+            self.client,
+            self.endpoint(params.api),
+            specs,
+            concurrency,
+            bounds=Bounds(request_timeout_s=params.request_timeout_s),
+            cancel=self.cancelled,
+        )
 
     def check_cancel(self) -> None:
         """Raise ProbeCancelled if the user asked to stop."""
