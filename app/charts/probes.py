@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from app.charts.timeseries import PALETTE
+from app.charts.timeseries import PALETTE, right_axis
 
 
 def _base(fig: go.Figure, title: str, x: str, y: str, height: int = 320) -> go.Figure:
@@ -81,13 +81,7 @@ def sweep_chart(steps: Sequence[Mapping[str, Any]], knee: int | None) -> go.Figu
     fig.update_layout(
         xaxis={"type": "log", "tickvals": c},
         yaxis={"rangemode": "tozero"},
-        yaxis2={
-            "overlaying": "y",
-            "side": "right",
-            "title": "E2E latency (s)",
-            "rangemode": "tozero",
-            "showgrid": False,
-        },
+        yaxis2=right_axis("E2E latency (s)"),
     )
     return _base(fig, "Throughput against latency", "concurrency", "output tokens/s")
 
@@ -154,13 +148,7 @@ def oom_chart(
         )
     fig.update_layout(
         yaxis={"range": [0, 1.05], "tickformat": ".0%"},
-        yaxis2={
-            "overlaying": "y",
-            "side": "right",
-            "title": "E2E p50 (s)",
-            "rangemode": "tozero",
-            "showgrid": False,
-        },
+        yaxis2=right_axis("E2E p50 (s)"),
     )
     return _base(fig, "Context steps and the OOM frontier", "tokens per sequence", "peak KV usage")
 
@@ -205,13 +193,7 @@ def kv_timeline_chart(
         )
     fig.update_layout(
         yaxis={"range": [0, 1.05], "tickformat": ".0%"},
-        yaxis2={
-            "overlaying": "y",
-            "side": "right",
-            "title": "preemptions",
-            "rangemode": "tozero",
-            "showgrid": False,
-        },
+        yaxis2=right_axis("preemptions"),
     )
     return _base(fig, "KV usage during the probe", "seconds", "KV usage")
 

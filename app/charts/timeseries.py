@@ -13,6 +13,19 @@ import plotly.graph_objects as go
 from storage.names import METRICS
 
 PALETTE = ("#2563eb", "#f97316", "#dc2626", "#16a34a", "#9333ea", "#0891b2")
+
+
+def right_axis(title: str) -> dict[str, object]:
+    """A second y axis on the right, from zero, without its own grid (`yaxis2=`)."""
+    return {
+        "overlaying": "y",
+        "side": "right",
+        "title": title,
+        "rangemode": "tozero",
+        "showgrid": False,
+    }
+
+
 QUANTILE_COLORS = {"p50": "#2563eb", "p95": "#f97316", "p99": "#dc2626"}
 
 
@@ -80,15 +93,7 @@ def timeseries(
                 )
             )
     if secondary:
-        fig.update_layout(
-            yaxis2={
-                "overlaying": "y",
-                "side": "right",
-                "rangemode": "tozero",
-                "showgrid": False,
-                "title": ", ".join(secondary.values()),
-            }
-        )
+        fig.update_layout(yaxis2=right_axis(", ".join(secondary.values())))
     return _layout(fig, title, y_title, percent)
 
 
