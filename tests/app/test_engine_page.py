@@ -5,18 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import Engine
-from streamlit.testing.v1 import AppTest
 
 from probes.engine import embedded_spec
 from storage import queries as q
 from storage.settings import Settings
-
-
-def _page() -> AppTest:
-    at = AppTest.from_string("from app.views import engine\nengine.render()", default_timeout=60)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
+from tests.support.pages import run_page
 
 
 def _tiny_model(folder: Path) -> None:
@@ -30,7 +23,7 @@ def _tiny_model(folder: Path) -> None:
 
 
 def test_without_an_engine_the_page_says_how_to_get_one(store: Engine) -> None:
-    at = _page()
+    at = run_page("engine")
     assert any("kvscope up" in i.value for i in at.info)
 
 
@@ -55,7 +48,7 @@ def test_status_command_facts_and_prediction(store: Engine, settings: Settings) 
         },
     )
     q.put_state(store, "engine_log:embedded", {"lines": ["INFO hello from vllm"]})
-    at = _page()
+    at = run_page("engine")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Status"] == "running" and metrics["Restarts"] == "1"
     assert "--kv-cache-memory-bytes 16777216" in at.code[-1].value
@@ -76,7 +69,7 @@ def test_status_command_facts_and_prediction(store: Engine, settings: Settings) 
 def test_saving_a_bad_spec_shows_why(store: Engine, settings: Settings) -> None:
     spec = embedded_spec(settings)
     q.save_engine_spec(store, spec.name, spec.model_dump())
-    at = _page()
+    at = run_page("engine")
     block = next(n for n in at.number_input if n.label.startswith("Block size"))
     block.set_value(48)
     next(b for b in at.button if b.label == "Save spec").click().run()
@@ -88,7 +81,7 @@ def test_saving_a_bad_spec_shows_why(store: Engine, settings: Settings) -> None:
 def test_the_environment_is_edited_as_key_value_items(store: Engine, settings: Settings) -> None:
     spec = embedded_spec(settings)
     q.save_engine_spec(store, spec.name, spec.model_dump())
-    at = _page()
+    at = run_page("engine")
     env = next(t for t in at.text_input if t.label == "Environment")
     assert env.value == "VLLM_ENABLE_V1_MULTIPROCESSING=0"
     env.set_value("VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 NOTE='two words'")

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import Engine
-from streamlit.testing.v1 import AppTest
 
 from storage import queries as q
+from tests.support.pages import run_page
 from tests.support.seed import seed
-
-
-def _page(name: str) -> AppTest:
-    at = AppTest.from_string(f"from app.views import {name}\n{name}.render()", default_timeout=60)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
 
 
 @pytest.fixture
@@ -24,7 +17,7 @@ def seeded(store: Engine) -> Engine:
 
 
 def test_overview_lists_targets_and_warns_without_a_worker(seeded: Engine) -> None:
-    at = _page("overview")
+    at = run_page("overview")
     assert any("no worker has run" in w.value for w in at.warning)
     table = at.dataframe[0].value
     assert table["target"].tolist() == ["demo"]
@@ -33,14 +26,14 @@ def test_overview_lists_targets_and_warns_without_a_worker(seeded: Engine) -> No
 
 
 def test_live_page_draws_its_six_charts(seeded: Engine) -> None:
-    at = _page("live")
+    at = run_page("live")
     charts = at.get("plotly_chart")
     assert len(charts) == 6
     assert "raw samples" in at.caption[0].value
 
 
 def test_tail_page_draws_quantiles_and_the_ratio(seeded: Engine) -> None:
-    at = _page("tail")
+    at = run_page("tail")
     assert len(at.get("plotly_chart")) == 6  # ratio + TTFT, ITL, TPOT, E2E, queue
     table = at.dataframe[0].value
     ttft = table[table["metric"] == "Time to first token"].iloc[0]
@@ -49,12 +42,12 @@ def test_tail_page_draws_quantiles_and_the_ratio(seeded: Engine) -> None:
 
 def test_pages_without_targets_say_what_to_do(store: Engine) -> None:
     for name in ("live", "tail"):
-        at = _page(name)
+        at = run_page(name)
         assert any("No targets yet" in i.value for i in at.info)
 
 
 def test_targets_page_adds_and_refuses_bad_input(store: Engine) -> None:
-    at = _page("targets")
+    at = run_page("targets")
     at.text_input[0].input("bad name!")
     at.text_input[1].input("http://10.0.0.1:8000")
     at.button[0].click().run()

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from streamlit.testing.v1 import AppTest
 
 from app.charts import probes as charts
 from probes.runner import StoredRun, parse_params
 from storage import queries as q
 from tests.support.fake_openai import FakeConfig, serve
+from tests.support.pages import run_page
 
 CASES: dict[str, dict[str, Any]] = {
     "latency": {"rate": 40, "duration_s": 0.5, "prompt_tokens": 16, "output_tokens": 6},
@@ -67,15 +67,8 @@ def runs(store: Engine) -> dict[str, int]:
     return out
 
 
-def _page() -> AppTest:
-    at = AppTest.from_string("from app.views import probes\nprobes.render()", default_timeout=60)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
-
-
 def test_history_and_every_result_view(runs: dict[str, int]) -> None:
-    at = _page()
+    at = run_page("probes")
     history = at.dataframe[0].value
     assert sorted(history["run"]) == sorted(runs.values())
     assert (
@@ -94,7 +87,7 @@ def test_history_and_every_result_view(runs: dict[str, int]) -> None:
 
 def test_starting_a_probe_queues_it_and_oom_needs_consent(store: Engine) -> None:
     q.add_target(store, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:1"}))
-    at = _page()
+    at = run_page("probes")
     next(b for b in at.button if b.key == "probe_start").click().run()
     queued = q.list_runs(store)
     assert [(r.kind, r.status, r.params["rate"]) for r in queued] == [("latency", "queued", 1.0)]
@@ -108,7 +101,7 @@ def test_a_running_probe_shows_progress_and_can_be_cancelled(store: Engine) -> N
     tid = q.add_target(store, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:1"})).id
     run = q.start_run(store, "batch_sweep", {}, tid)
     q.update_run(store, run.id, progress=0.4, summary={"partial": {"phase": "concurrency 4"}})
-    at = _page()
+    at = run_page("probes")
     bar = at.get("progress")[0].proto
     assert bar.value == 40 and "concurrency 4" in bar.text
     next(b for b in at.button if b.key == f"cancel_{run.id}").click().run()

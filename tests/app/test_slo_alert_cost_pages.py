@@ -6,21 +6,14 @@ import time
 
 import pytest
 from sqlalchemy import Engine
-from streamlit.testing.v1 import AppTest
 
 from planner.slo import get_preset
 from probes.alerts import AlertEvaluator
 from probes.rules import DEFAULT_RULES
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
+from tests.support.pages import run_page
 from tests.support.seed import seed
-
-
-def _page(name: str) -> AppTest:
-    at = AppTest.from_string(f"from app.views import {name}\n{name}.render()", default_timeout=60)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
 
 
 @pytest.fixture
@@ -39,18 +32,18 @@ def busy(store: Engine) -> int:
 
 
 def test_open_alerts_on_the_alerts_page_and_the_overview(busy: int) -> None:
-    at = _page("alerts")
+    at = run_page("alerts")
     firing = at.dataframe[0].value
     assert "KV cache nearly full" in firing["rule"].tolist()
     rules = at.dataframe[1].value
     assert len(rules) == len(DEFAULT_RULES)
-    overview = _page("overview")
+    overview = run_page("overview")
     shown = [e.value for e in overview.error] + [w.value for w in overview.warning]
     assert any("KV cache nearly full" in str(v) and "busy" in str(v) for v in shown)
 
 
 def test_editing_a_rule_refuses_nonsense(busy: int, store: Engine) -> None:
-    at = _page("alerts")
+    at = run_page("alerts")
     pick = at.selectbox(key="rule_pick")
     index = next(i for i, o in enumerate(pick.options) if o == "KV cache nearly full")
     pick.select_index(index).run()
@@ -62,14 +55,14 @@ def test_editing_a_rule_refuses_nonsense(busy: int, store: Engine) -> None:
 
 
 def test_slos_page_adds_a_preset_and_reports_compliance(busy: int, store: Engine) -> None:
-    at = _page("slos")
+    at = run_page("slos")
     assert any("No SLO yet" in i.value for i in at.info)
     at.selectbox(key="slo_preset").set_value("mlperf-server-llama-3.1-8b").run()
     next(b for b in at.button if b.label == "Save SLO").click().run()
     assert not at.exception
     [(_, _, _, spec)] = q.list_slos(store)
     assert spec["ttft_s"] == get_preset("mlperf-server-llama-3.1-8b").ttft_s
-    at = _page("slos")
+    at = run_page("slos")
     table = at.dataframe[0].value
     report = table[table["target"] == "demo"].iloc[0]
     lo, hi = report["engine histograms, at least"], report["engine histograms, at most"]
@@ -79,7 +72,7 @@ def test_slos_page_adds_a_preset_and_reports_compliance(busy: int, store: Engine
 
 def test_cost_page_draws_the_frame_with_a_model_and_records_it(store: Engine) -> None:
     seed(store, minutes=1)
-    at = _page("cost")
+    at = run_page("cost")
     assert len(at.get("plotly_chart")) == 1
     costs = at.dataframe[0].value
     assert costs["cheapest"].tolist().count("★") == 1
