@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.app.test_exports import validate_rules_file
+from tests.support.cli import kvscope
 from tests.support.fake_vllm import FakeVllm, serve
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def kvscope(*args: str, env_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    env = dict(os.environ)
-    if env_dir is not None:
-        env["KVSCOPE_DATA_DIR"] = str(env_dir)
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=60,
-    )
 
 
 def test_scrape_once_json_prints_canonical_values() -> None:
@@ -178,11 +160,7 @@ def test_exports_from_a_shell(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     res = kvscope("export", "prometheus-rules", "--out", str(rules), env_dir=tmp_path)
     assert res.returncode == 0 and "groups:" in rules.read_text()
-    if shutil.which("promtool"):
-        check = subprocess.run(
-            ["promtool", "check", "rules", str(rules)], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
+    assert validate_rules_file(rules, shutil.which("promtool")) == []
     dash = json.loads(kvscope("export", "grafana-dashboard", env_dir=tmp_path).stdout)
     assert dash["title"].startswith("kvscope") and dash["panels"]
     bad = kvscope(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,8 @@ from probes.manager import group_pids
 from probes.tinymodel import TinyParams
 from storage import queries as q
 from storage.settings import Settings
-from tests.e2e.conftest import ROOT, LiveWorker, engine_pids
+from tests.e2e.conftest import LiveWorker, engine_pids
+from tests.support.cli import kvscope
 
 pytestmark = pytest.mark.engine
 
@@ -36,31 +35,23 @@ def _wait(cond: object, timeout: float, what: str) -> None:
 
 
 def _plan(config: Path, spec: EngineSpec) -> dict[str, Any]:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "plan",
-            "--model",
-            str(config),
-            "--gpu",
-            "cpu",
-            "--kv-memory-bytes",
-            str(spec.kv_cache_memory_bytes),
-            "--dtype",
-            spec.dtype,
-            "--block-size",
-            str(spec.block_size),
-            "--max-model-len",
-            str(spec.max_model_len),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
+    res = kvscope(
+        "plan",
+        "--model",
+        str(config),
+        "--gpu",
+        "cpu",
+        "--kv-memory-bytes",
+        str(spec.kv_cache_memory_bytes),
+        "--dtype",
+        spec.dtype,
+        "--block-size",
+        str(spec.block_size),
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--json",
     )
+    assert res.returncode == 0, res.stderr
     out: dict[str, Any] = json.loads(res.stdout)
     return out
 

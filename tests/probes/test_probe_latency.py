@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,8 @@ from planner.errors import InvalidInput, UnknownChoice
 from probes.runner import StoredRun, execute, parse_params
 from storage import queries as q
 from storage.tables import RequestRecord
+from tests.support.cli import kvscope
 from tests.support.fake_openai import FakeConfig, serve
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_latency_summary_from_the_schedule() -> None:
@@ -82,32 +79,24 @@ def test_a_stored_run_keeps_records_progress_and_honours_cancel(store: Engine) -
 
 def test_cli_prints_one_json_object(tmp_path: Path) -> None:
     with serve(FakeConfig(ttft_s=0.005)) as fake:
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "probe",
-                "latency",
-                "--target",
-                fake.url,
-                "--rate",
-                "20",
-                "--duration",
-                "1",
-                "--prompt-tokens",
-                "16",
-                "--output-tokens",
-                "4",
-                "--arrival",
-                "constant",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
+        res = kvscope(
+            "probe",
+            "latency",
+            "--target",
+            fake.url,
+            "--rate",
+            "20",
+            "--duration",
+            "1",
+            "--prompt-tokens",
+            "16",
+            "--output-tokens",
+            "4",
+            "--arrival",
+            "constant",
+            "--json",
+            env_dir=tmp_path,
             timeout=120,
-            env={**__import__("os").environ, "KVSCOPE_DATA_DIR": str(tmp_path)},
         )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -132,23 +121,8 @@ def test_cli_prints_one_json_object(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_an_unreachable_target_with_one_line(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "probe",
-            "latency",
-            "--target",
-            "http://127.0.0.1:9",
-            "--duration",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        env={**__import__("os").environ, "KVSCOPE_DATA_DIR": str(tmp_path)},
+    res = kvscope(
+        "probe", "latency", "--target", "http://127.0.0.1:9", "--duration", "1", env_dir=tmp_path
     )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("error: cannot reach")

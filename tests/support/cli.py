@@ -1,0 +1,27 @@
+"""Run `kvscope` as a user does: a real process, from the repository, on a chosen data dir."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvscope(
+    *args: str, env_dir: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`kvscope ARGS` with KVSCOPE_DATA_DIR set to `env_dir` when given."""
+    env = dict(os.environ)
+    if env_dir is not None:
+        env["KVSCOPE_DATA_DIR"] = str(env_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
