@@ -45,7 +45,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         ctx.check_cancel()
         i = len(steps)
         share = (i / expected, min(1.0, (i + 1) / expected))
-        m = await latency.measure(ctx, params, rate, f"rate={rate:g}", share)
+        m = await latency.measure(ctx, params, rate, f"rate={rate:g}", share, attempt=i)
         if not m["trustworthy"]:
             # The sender fell behind its schedule: the rate the engine saw is not `rate`.
             untrusted.append(f"{rate:g} req/s ({m['reason']})")

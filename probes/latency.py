@@ -64,11 +64,13 @@ async def measure(
     rate: float,
     step: str,
     share: tuple[float, float] = (0.0, 1.0),
+    attempt: int = 0,
 ) -> dict[str, Any]:
     """One open-loop run at `rate`: the summary, the engine's own view and KV/queue peaks.
 
     Used by this probe and by the capacity search; `share` is the slice of the progress bar
-    this run fills.
+    this run fills. Each `attempt` of a search gets prompts of its own (seed + attempt): the
+    same prompts again would meet vLLM's prefix cache and make later rates look faster.
     """
     lo, hi = share
     schedule = Arrival(kind=params.arrival, rate=rate, cv=params.cv).within(
@@ -79,7 +81,9 @@ async def measure(
     if not schedule:
         raise KvscopeError(f"no request falls within {params.duration_s} s at {rate} req/s")
     ctx.report(lo, {"phase": f"{step}: building {len(schedule)} prompts"})
-    specs = await ctx.profile_prompts(params.workload(), len(schedule), params.seed, params.api)
+    specs = await ctx.profile_prompts(
+        params.workload(), len(schedule), params.seed + attempt, params.api
+    )
     ctx.check_cancel()
     before = await _scrape_or_none(ctx)
 

@@ -95,9 +95,17 @@ def test_a_slope_inside_the_noise_is_not_called_a_creep() -> None:
 
 
 def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[int] = []
+
     async def fake_measure(
-        ctx: ProbeContext, params: Any, rate: float, step: str, share: tuple[float, float] = (0, 1)
+        ctx: ProbeContext,
+        params: Any,
+        rate: float,
+        step: str,
+        share: tuple[float, float] = (0, 1),
+        attempt: int = 0,
     ) -> dict[str, Any]:
+        attempts.append(attempt)
         inside = 0.95 if rate <= 5.3 else 0.5  # the SLO holds up to 5.3 req/s
         return {
             "slo_share": inside,
@@ -118,6 +126,8 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
     assert [s["rate"] for s in out["steps"]] == [1, 2, 4, 8, 6, 5, 5.5]
     assert out["capacity_rps"] == 5 and out["first_failing_rps"] == 5.5
     assert "capacity 5 req/s" in out["message"]
+    # Fresh prompts for every rate: repeats would be served from vLLM's prefix cache.
+    assert attempts == list(range(7))
 
 
 def test_sweep_runs_every_step() -> None:
