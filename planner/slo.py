@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.errors import InvalidInput, UnknownChoice
+from planner.errors import InvalidInput, UnknownChoice, validation_message
 
 PerToken = Literal["tpot", "itl"]
 RequestClass = Literal["interactive", "batch"]
@@ -28,15 +28,6 @@ Buckets = Sequence[tuple[float, float]]
 # A bound within this relative distance of a bucket edge is read as sitting on the edge:
 # 0.1 typed in a form and 100 ms / 1000 should both hit vLLM's 0.1 edge.
 EDGE_RTOL = 1e-9
-
-
-def _validation_message(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e.get("loc", ()))
-        msg = str(e.get("msg", "")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
 
 
 class SLO(BaseModel):
@@ -89,7 +80,7 @@ def parse_slo(data: Mapping[str, Any]) -> SLO:
     try:
         return SLO.model_validate(dict(data))
     except ValidationError as err:
-        raise InvalidInput(f"SLO refused: {_validation_message(err)}") from err
+        raise InvalidInput(f"SLO refused: {validation_message(err)}") from err
 
 
 @cache

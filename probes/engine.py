@@ -20,9 +20,9 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from planner.errors import EngineError, InvalidInput
+from planner.errors import EngineError, InvalidInput, validation_message
 from probes.tinymodel import TinyParams, command, is_complete
-from storage.schemas import NAME_RE, validation_message
+from storage.schemas import NAME_RE
 from storage.settings import Settings
 
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"

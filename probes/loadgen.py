@@ -23,9 +23,8 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, model_validator
 
-from planner.errors import InvalidInput
+from planner.errors import InvalidInput, validation_message
 from probes.http1 import LeanTransport
-from storage.schemas import validation_message
 
 Api = Literal["completions", "chat"]
 Status = Literal["ok", "error", "cancelled"]

@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.errors import InvalidInput
-from storage.schemas import validation_message
+from planner.errors import InvalidInput, validation_message
 
 # Observations a window needs before a quantile ratio or a tail comparison means anything;
 # the worker's evaluator and the exported Prometheus rules both use it.

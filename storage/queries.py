@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from planner.errors import InvalidInput, NotFound
+from planner.errors import InvalidInput, NotFound, validation_message
 from storage.db import session_factory, transaction
 from storage.schemas import (
     AlertRow,
@@ -25,7 +25,6 @@ from storage.schemas import (
     ScheduleRow,
     TargetIn,
     TargetRow,
-    validation_message,
 )
 from storage.tables import (
     Alert,

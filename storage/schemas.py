@@ -154,16 +154,3 @@ class AlertRow(BaseModel):
     resolved_at: float | None
     value: float | None
     message: str
-
-
-def validation_message(err: Exception) -> str:
-    """One line out of a pydantic ValidationError: `field: message; field: message`."""
-    errors = getattr(err, "errors", None)
-    if not callable(errors):
-        return str(err)
-    parts = []
-    for e in errors():
-        loc = ".".join(str(x) for x in e.get("loc", ()))
-        msg = str(e.get("msg", "")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
