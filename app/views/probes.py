@@ -27,36 +27,37 @@ TITLES = {
     "kv_usage": "KV usage",
     "capacity": "Capacity (SLO)",
 }
-# The fields each probe's form shows; everything else goes in the JSON box.
-FIELDS: dict[str, list[tuple[str, str, float | int]]] = {
+# The fields each probe's form shows; everything else goes in the JSON box. A form default
+# is the probe's own (its Params) unless the probe has none (required, or a profile instead).
+FIELDS: dict[str, list[tuple[str, str, float | int | None]]] = {
     "latency": [
-        ("rate", "requests per second", 1.0),
-        ("duration_s", "seconds", 30.0),
+        ("rate", "requests per second", None),
+        ("duration_s", "seconds", None),
         ("prompt_tokens", "prompt tokens", 256),
         ("output_tokens", "output tokens", 64),
     ],
     "batch_sweep": [
-        ("max_concurrency", "largest concurrency", 64),
-        ("prompt_tokens", "prompt tokens", 256),
-        ("output_tokens", "output tokens", 128),
+        ("max_concurrency", "largest concurrency", None),
+        ("prompt_tokens", "prompt tokens", None),
+        ("output_tokens", "output tokens", None),
     ],
     "oom": [
-        ("batch", "concurrent sequences", 4),
-        ("start_context", "first context", 1024),
-        ("step", "tokens added per step", 1024),
-        ("output_tokens", "output tokens", 16),
+        ("batch", "concurrent sequences", None),
+        ("start_context", "first context", None),
+        ("step", "tokens added per step", None),
+        ("output_tokens", "output tokens", None),
     ],
     "kv_usage": [
-        ("rate", "requests per second", 2.0),
-        ("duration_s", "seconds of load", 60.0),
-        ("prefix_tokens", "shared prefix tokens", 128),
-        ("output_tokens", "output tokens", 128),
+        ("rate", "requests per second", None),
+        ("duration_s", "seconds of load", None),
+        ("prefix_tokens", "shared prefix tokens", None),
+        ("output_tokens", "output tokens", None),
     ],
     "capacity": [
         ("ttft_slo_s", "TTFT bound (s)", 2.0),
         ("tpot_slo_s", "TPOT bound (s)", 0.1),
-        ("share", "share inside both", 0.9),
-        ("duration_s", "seconds per rate", 20.0),
+        ("share", "share inside both", None),
+        ("duration_s", "seconds per rate", None),
     ],
 }
 
@@ -91,7 +92,8 @@ def _start_form(targets: list[TargetRow]) -> None:
     )
     cols = st.columns(len(FIELDS[kind]))
     data: dict[str, Any] = {}
-    for col, (name, label, default) in zip(cols, FIELDS[kind], strict=True):
+    for col, (name, label, fallback) in zip(cols, FIELDS[kind], strict=True):
+        default = PROBES[kind].Params.model_fields[name].default if fallback is None else fallback
         data[name] = col.number_input(
             label,
             value=default,

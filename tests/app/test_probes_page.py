@@ -138,3 +138,15 @@ def test_kv_timeline_shows_free_blocks_on_hover() -> None:
     fig = charts.kv_timeline_chart(timeline, [0.0, 1.0])
     assert list(fig.data[0].customdata) == [255, 128]
     assert list(fig.data[1].y) == [0.0, 3.0]  # preemptions counted from the start
+
+
+def test_form_defaults_are_the_probes_own() -> None:
+    from app.views.probes import FIELDS
+    from probes.runner import PROBES
+
+    for kind, fields in FIELDS.items():
+        params = PROBES[kind].Params.model_fields
+        for name, _, fallback in fields:
+            own = params[name].default
+            # Either the probe's default is used, or it has none and the form supplies one.
+            assert (fallback is None) == isinstance(own, int | float), (kind, name)
