@@ -92,7 +92,8 @@ def evaluate(
         w = rule.window_s
         cur = d.quantiles(store, tid, "output_len", d.point_grid(now, w), w).iloc[-1]
         before = d.quantiles(store, tid, "output_len", d.point_grid(now - w, w), w).iloc[-1]
-        if min(cur["count"], before["count"]) < MIN_COUNT or not before["p99"]:
+        # Written so that NaN (no histogram in a window) fails it too.
+        if not (cur["count"] >= MIN_COUNT and before["count"] >= MIN_COUNT and before["p99"] > 0):
             return Finding(False, None, "too few requests to compare output lengths")
         ratio = float(cur["p99"] / before["p99"])
         return Finding(

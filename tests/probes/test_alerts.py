@@ -173,6 +173,9 @@ def test_output_tail_growing(store: Engine) -> None:
             names["+Inf"]: early + late,
         }
 
+    empty = evaluate(store, rule, q.get_target(store, str(tid)), T0)  # no data at all yet
+    assert not empty.active and empty.value is None
+    assert empty.detail == "too few requests to compare output lengths"
     _series(store, tid, T0, T0 + 1200, lengths)
     assert not _at(store, rule, tid, T0 + 600)  # one window of history: nothing to compare
     assert _at(store, rule, tid, T0 + 1200)
