@@ -123,6 +123,7 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
             try:
                 rule = parse_rule(
                     {
+                        **data,  # what the form does not show (a KV-slope rule's stable_rate)
                         "name": name,
                         "kind": kind,
                         "severity": severity,

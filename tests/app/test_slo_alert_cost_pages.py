@@ -79,3 +79,16 @@ def test_cost_page_draws_the_frame_with_a_model_and_records_it(store: Engine) ->
     assert "model" in at.get("plotly_chart")[0].proto.spec  # the source is labelled
     next(b for b in at.button if b.key == "cost_record").click().run()
     assert "default" in q.cost_frames(store)
+
+
+def test_saving_a_rule_keeps_what_the_form_does_not_show(busy: int, store: Engine) -> None:
+    rule_id, slope = next((i, r) for i, r in q.list_rules(store) if r["kind"] == "kv_slope")
+    q.save_rule(store, slope | {"stable_rate": 0.5}, rule_id)
+    at = run_page("alerts")
+    pick = at.selectbox(key="rule_pick")
+    pick.select_index(next(i for i, o in enumerate(pick.options) if o == slope["name"])).run()
+    at.number_input[0].set_value(0.05)  # the threshold, edited
+    next(b for b in at.button if b.label == "Save rule").click().run()
+    assert not at.error
+    saved = dict(q.list_rules(store))[rule_id]
+    assert saved["threshold"] == 0.05 and saved["stable_rate"] == 0.5
