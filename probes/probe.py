@@ -19,7 +19,8 @@ from typing import Any, Literal, TypeVar, cast
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import KvscopeError, TargetError
+from planner import slo
+from planner.errors import InvalidInput, KvscopeError, TargetError
 from planner.stats import histogram_quantile
 from probes.loadgen import (
     Bounds,
@@ -201,8 +202,11 @@ def histogram_delta(
 ) -> dict[str, float | None]:
     """Count and p50/p95/p99 of the observations an engine histogram gained between two
     scrapes: the engine's own view of the requests sent in between."""
-    b0, b1 = _buckets(before, histogram), _buckets(after, histogram)
-    pairs = sorted((le, b1[le] - b0.get(le, 0.0)) for le in b1)
+    later, earlier = sorted(_buckets(after, histogram).items()), _buckets(before, histogram)
+    try:  # planner's delta: an engine restart in between counts from zero, not negative
+        pairs = slo.histogram_delta(later, sorted(earlier.items())) if earlier else later
+    except InvalidInput:  # other bucket edges, or none: the engine was not the same one
+        pairs = later
     out: dict[str, float | None] = {"count": pairs[-1][1] if pairs else 0.0}
     for q in (0.5, 0.95, 0.99):
         v = histogram_quantile(q, pairs) if pairs else math.nan

@@ -194,3 +194,26 @@ def test_an_open_sweep_stops_once_past_the_knee() -> None:
     falling = [*rising, _step(8, 410, 2.0), _step(16, 415, 4.0)]
     assert _past_knee(falling, 2)
     assert not _past_knee(falling[:-1], 2)  # one fall may be noise
+
+
+def _ttft_scrape(le_01: float, total: float) -> Any:
+    from probes.metrics import parse_metrics
+
+    return parse_metrics(
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        f'vllm:time_to_first_token_seconds_bucket{{le="0.1",model_name="m"}} {le_01}\n'
+        f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {total}\n'
+        f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {total}\n'
+        f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {total * 0.05}\n'
+    )
+
+
+def test_engine_histogram_delta_between_scrapes_survives_a_restart() -> None:
+    from probes.probe import histogram_delta
+
+    grew = histogram_delta(_ttft_scrape(10, 10), _ttft_scrape(18, 20), "ttft")
+    assert grew["count"] == 10  # 8 fast, 2 slow in between
+    assert grew["p50"] is not None and grew["p50"] <= 0.1
+    # The engine restarted in between: its counts since the restart, never negative ones.
+    restarted = histogram_delta(_ttft_scrape(10, 10), _ttft_scrape(3, 4), "ttft")
+    assert restarted["count"] == 4
