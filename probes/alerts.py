@@ -34,12 +34,15 @@ class Finding:
     detail: str
 
 
-def _grid(now: float, for_s: float) -> d.Grid:
-    """Points over the last `for_s` seconds (a single point when it is 0)."""
+def _grid(now: float, for_s: float, window_s: float = 0.0) -> d.Grid:
+    """Points over the last `for_s` seconds (a single point when it is 0), read at the
+    resolution the whole span needs: raw samples are kept only for hours, so a rule over
+    days reads the rollups (the same choice as the pages')."""
+    res = d.choose_resolution(for_s + window_s)
     if for_s <= 0:
-        return d.Grid(now, now, 1.0, 0)
-    step = max(5.0, min(30.0, for_s / 6))
-    return d.Grid(now - for_s, now, step, 0)
+        return d.Grid(now, now, 1.0, res)
+    step = max(5.0, min(30.0, for_s / 6), float(res))
+    return d.Grid(now - for_s, now, step, res)
 
 
 def _sustained(values: np.ndarray, above: float) -> tuple[bool, float | None]:
@@ -60,7 +63,7 @@ def evaluate(
 ) -> Finding:
     """The rule's condition on one target at `now`. `bound` overrides the threshold of a
     p99-over-SLO rule when an SLO applies to the target."""
-    tid, grid = target.id, _grid(now, rule.for_s)
+    tid, grid = target.id, _grid(now, rule.for_s, rule.window_s)
     kind = rule.kind
     if kind in (RuleKind.KV_LEVEL, RuleKind.QUEUE_DEPTH):
         metric = "kv_usage" if kind is RuleKind.KV_LEVEL else "waiting"
@@ -123,7 +126,8 @@ def evaluate(
 
 def _kv_slope(store: Engine, rule: AlertRule, tid: int, now: float) -> Finding:
     """KV usage slope over the window, only while the request rate is steady."""
-    fine = d.Grid(now - rule.for_s - rule.window_s, now, 10.0, 0)
+    res = d.choose_resolution(rule.for_s + rule.window_s)
+    fine = d.Grid(now - rule.for_s - rule.window_s, now, max(10.0, float(res)), res)
     ts = fine.points
     kv = d.gauge(store, tid, "kv_usage", fine).to_numpy()
     reqs = d.rate(store, tid, "requests_finished_total", fine, 60.0).to_numpy()

@@ -223,3 +223,17 @@ def test_rules_are_validated() -> None:
         parse_rule({"name": "x", "kind": "kv_level", "threshold": 90})
     with pytest.raises(Exception, match="takes no metric"):
         parse_rule({"name": "x", "kind": "kv_level", "threshold": 0.9, "metric": "ttft"})
+
+
+def test_a_rule_over_days_reads_the_rollups(store: Engine) -> None:
+    from storage.rollups import expire, run_rollups
+    from storage.settings import Retention
+
+    tid = _target(store)
+    days = 4 * 86400
+    _series(store, tid, T0, T0 + days, lambda t: {"kv_usage": 0.97}, step=300.0)
+    end = T0 + days
+    run_rollups(store, now=end, max_chunks=10_000)
+    expire(store, Retention(), now=end)  # raw samples older than 48 h are gone
+    rule = _rule(RuleKind.KV_LEVEL, threshold=0.9, for_s=3 * 86400)
+    assert _at(store, rule, tid, end)  # three days above 90%, read from the 1-hour rollups
