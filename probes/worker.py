@@ -393,7 +393,7 @@ class Worker:
 
     def target(self, target_id: int) -> TargetRow:
         """A target by id."""
-        return q.get_target(self.engine, str(target_id))
+        return q.get_target(self.engine, target_id)
 
     def sync_targets(self) -> None:
         """Add scrape jobs for new enabled targets, remove those of removed or disabled ones."""

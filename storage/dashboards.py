@@ -91,7 +91,7 @@ def overview(engine: Engine, now: float | None = None) -> list[OverviewRow]:
 def live(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
     """The Live page's series on one grid: KV usage, free blocks, queues, rates, hit rate."""
     grid = d.make_grid(start, end)
-    target = q.get_target(engine, str(target_id))
+    target = q.get_target(engine, target_id)
     frame = pd.DataFrame(index=pd.Index(grid.points, name="ts"))
     for m in ("kv_usage", "running", "waiting"):
         frame[m] = d.gauge(engine, target_id, m, grid).to_numpy()

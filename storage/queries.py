@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 from pydantic import ValidationError
-from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -111,20 +111,24 @@ def list_targets(engine: Engine, enabled_only: bool = False) -> list[TargetRow]:
         return [_target_row(t) for t in s.scalars(q)]
 
 
-def get_target(engine: Engine, name: str) -> TargetRow:
-    """One target by name (or numeric id)."""
+def get_target(engine: Engine, key: str | int) -> TargetRow:
+    """One target by id (an int), or by name (a str; digits fall back to the id)."""
     with session_factory(engine)() as s:
-        return _target_row(_find(s, name))
+        return _target_row(_find(s, key))
 
 
-def _find(s: Session, name: str) -> Target:
-    cond = Target.name == name
-    if name.isdigit():
-        cond = or_(cond, Target.id == int(name))
-    t = s.scalars(select(Target).where(cond)).first()
+def _find(s: Session, key: str | int) -> Target:
+    # A name wins over an id spelled the same: a target may be named "12".
+    if isinstance(key, int):
+        t = s.get(Target, key)
+    else:
+        t = s.scalars(select(Target).where(Target.name == key)).first()
+        if t is None and key.isdigit():
+            t = s.get(Target, int(key))
     if t is None:
         known = ", ".join(s.scalars(select(Target.name).order_by(Target.name))) or "none"
-        raise NotFound(f"no target named {name!r}; known targets: {known}")
+        what = f"with id {key}" if isinstance(key, int) else f"named {key!r}"
+        raise NotFound(f"no target {what}; known targets: {known}")
     return t
 
 

@@ -75,6 +75,16 @@ def test_duplicate_and_missing_targets(store: Engine) -> None:
         q.get_target(store, "zzz")
 
 
+def test_a_target_named_like_another_ones_id(store: Engine) -> None:
+    first = _target(store, "x")
+    named_1 = _target(store, str(first))  # a target whose name is the first one's id
+    assert q.get_target(store, first).name == "x"  # an int is an id
+    assert q.get_target(store, str(first)).id == named_1  # a name wins over an id
+    assert q.get_target(store, str(named_1)).id == named_1  # no such name: digits are an id
+    with pytest.raises(NotFound, match="no target with id 999; known targets"):
+        q.get_target(store, 999)
+
+
 def test_removing_a_target_removes_its_history_only(store: Engine) -> None:
     a, b = _target(store, "a"), _target(store, "b")
     w = SampleWriter(store)
