@@ -17,7 +17,7 @@ import numpy as np
 from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
 from planner.errors import InvalidInput
 from planner.models import ModelArch
-from planner.queueing import allen_cunneen_wait, share_waiting_longer, waiting_probability
+from planner.queueing import queue_estimate
 
 DEFAULT_RESERVES = (0, 1, 2, 3, 4)
 
@@ -131,13 +131,13 @@ def share_outside_from_queueing(
             shares.append(1.0)
             continue
         if pooled:
-            servers, ca_r = n * slots_per_replica, ca
+            queue = queue_estimate(arrival_rate, service_s, n * slots_per_replica, ca, cs)
         else:
             # Splitting a renewal stream at random with probability p: ca'² = p·ca² + 1 - p.
             p = 1 / n
-            servers, ca_r = slots_per_replica, math.sqrt(p * ca * ca + 1 - p)
-        wait = allen_cunneen_wait(servers, rho, ca_r, cs, service_s)
-        shares.append(share_waiting_longer(wait_budget_s, wait, waiting_probability(servers, rho)))
+            ca_split = math.sqrt(p * ca * ca + 1 - p)
+            queue = queue_estimate(arrival_rate * p, service_s, slots_per_replica, ca_split, cs)
+        shares.append(queue.share_waiting_longer(wait_budget_s))
     notes = [
         f"queueing model ({'one pooled queue' if pooled else 'random split per replica'}, "
         f"Allen–Cunneen, exponential tail), ca={ca:g}, cs={cs:g}: a rough guide"
