@@ -19,8 +19,8 @@ from sqlalchemy import Engine, insert
 
 from planner.errors import KvscopeError, UnknownChoice
 from probes import batch_sweep, capacity, kv_usage, latency, oom
-from probes.loadgen import RequestResult, validated
-from probes.probe import ProbeContext, ProbeParams, Report, discover_model, probe_client
+from probes.loadgen import RequestResult, new_client, validated
+from probes.probe import ProbeContext, ProbeParams, Report, discover_model
 from storage import queries as q
 from storage.db import transaction
 from storage.schemas import normalize_base_url
@@ -93,7 +93,7 @@ async def execute(
 
     if client is not None:
         return await go(client)
-    async with probe_client(params.request_timeout_s) as c:
+    async with new_client(request_timeout_s=params.request_timeout_s) as c:
         return await go(c)
 
 
