@@ -7,7 +7,6 @@ the memory breakdown of the GPU that limits the cache. Curves and maps are vecto
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,14 +44,10 @@ from planner.memory import (
 )
 from planner.models import (
     ModelArch,
-    Tensor,
-    edge_tensors,
-    is_moe_layer,
-    layer_tensors,
     param_count,
     resolve_weight_dtype,
     served_dtype,
-    tensors_bytes,
+    stage_weight_bytes,
     weight_bytes,
 )
 
@@ -281,28 +276,6 @@ def _block_size(req: PlanRequest) -> int:
 # ---------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------
-
-
-def stage_weight_bytes(
-    arch: ModelArch, stage: range, first: bool, last: bool, wdt: str, served: str, tp: int
-) -> int:
-    """Weight bytes on one GPU of a pipeline stage (its layers' TP share plus the edges)."""
-    moe = sum(1 for i in stage if is_moe_layer(arch, i))
-    total = 0.0
-    for is_moe, count in ((True, moe), (False, len(stage) - moe)):
-        if count:
-            total += count * tensors_bytes(arch, layer_tensors(arch, is_moe), wdt, served, tp)
-    head, tail = edge_tensors(arch)
-    edges: tuple[Tensor, ...] = ()
-    if first:
-        edges += head
-    if last:
-        edges += tail
-        if arch.tie_word_embeddings and not first:
-            # With PP the last stage loads its own copy of the tied embedding as lm_head.
-            edges += (Tensor("lm_head", arch.vocab_size * arch.hidden_size, False, 0, "vocab"),)
-    total += tensors_bytes(arch, edges, wdt, served, tp)
-    return math.ceil(total)
 
 
 def plan_capacity(req: PlanRequest) -> CapacityPlan:

@@ -102,11 +102,6 @@ class MemoryBudget:
         return self.weights_bytes + self.overhead_bytes + self.kv_cache_bytes
 
     @property
-    def headroom_bytes(self) -> int:
-        """Device memory vLLM leaves alone: total - used (negative: it does not fit)."""
-        return self.total_bytes - self.used_bytes if self.total_bytes else 0
-
-    @property
     def fits(self) -> bool:
         """Whether weights, overheads and a positive KV budget fit on the device."""
         if self.kv_cache_bytes <= 0:
