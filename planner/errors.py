@@ -5,8 +5,14 @@ KvscopeError                 base: message is safe to show a user as is
 │   └── UnknownChoice        a name that is not in a catalog (preset, GPU, dtype)
 ├── NotFound                 a stored thing (target, run, spec) that does not exist
 ├── TargetError              a target could not be reached or did not answer as vLLM
+│   ├── TargetAuthError      the engine wants a token, or refused the one sent
 │   └── NotPrometheusText    the body is not Prometheus exposition text
-├── StorageError             the database refused or is locked beyond the busy timeout
+├── StorageError             the store failed; the message carries the driver's words
+│   ├── DatabaseLocked       another process held the lock too long: retry, or stop it
+│   ├── DiskFull             the disk holding the database is full: free space
+│   ├── DatabaseUnavailable  cannot open or write the database: fix its path, rights, URL
+│   ├── DatabaseTooNew       written by a newer kvscope: upgrade kvscope
+│   └── Conflict             the change clashes with stored rows (a name taken): change it
 └── EngineError              the managed engine could not be started, stopped or found
 """
 
@@ -39,12 +45,36 @@ class TargetError(KvscopeError):
     """A target could not be reached, timed out, or answered with an error."""
 
 
+class TargetAuthError(TargetError):
+    """The engine answered 401 or 403: it wants a token, or not the one it was sent."""
+
+
 class NotPrometheusText(TargetError):
     """The target answered, but not with Prometheus text (an HTML page, JSON, garbage)."""
 
 
 class StorageError(KvscopeError):
-    """The store could not be read or written."""
+    """The store could not be read or written (storage/db.py maps driver errors to these)."""
+
+
+class DatabaseLocked(StorageError):
+    """Another process held the database lock longer than the busy timeout."""
+
+
+class DiskFull(StorageError):
+    """The disk (or quota) holding the database has no room left."""
+
+
+class DatabaseUnavailable(StorageError):
+    """The database cannot be opened or written: a path, permission or connection problem."""
+
+
+class DatabaseTooNew(StorageError):
+    """The database's schema revision is one this kvscope does not know: a newer one wrote it."""
+
+
+class Conflict(StorageError):
+    """A write clashed with a constraint (a name already taken, a row since removed)."""
 
 
 class EngineError(KvscopeError):

@@ -1,26 +1,137 @@
-"""Database engine, connection pragmas, sessions and schema upgrades.
+"""Database engine, connection pragmas, sessions, schema upgrades, and the error boundary.
 
 SQLite gets WAL, a busy timeout and foreign keys on every connection (a connect-event
 listener), so the console can read while the worker writes. Other URLs (PostgreSQL) pass
 through untouched. The schema is owned by Alembic; `upgrade()` brings any file to head.
+Every driver failure on an engine made here leaves it as a `StorageError` subclass (a
+`handle_error` listener), so no query and no caller catches SQLAlchemy's exceptions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from planner.errors import StorageError
+from planner.errors import (
+    Conflict,
+    DatabaseLocked,
+    DatabaseTooNew,
+    DatabaseUnavailable,
+    DiskFull,
+    StorageError,
+)
 
 BUSY_TIMEOUT_MS = 5000
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A driver failure kvscope recognises by its words, and what the user is told instead.
+
+    `message` is formatted with `where` (the database), `driver` (the driver's own words)
+    and `timeout_ms` (the busy timeout).
+    """
+
+    needles: tuple[str, ...]
+    error: type[StorageError]
+    message: str
+
+
+# Checked in order; SQLite's wording first, then PostgreSQL's. Lower case.
+KNOWN_FAILURES: tuple[Failure, ...] = (
+    Failure(
+        (
+            "database is locked",
+            "database table is locked",
+            "lock timeout",
+            "could not obtain lock",
+            "deadlock detected",
+        ),
+        DatabaseLocked,
+        "the database is locked by another process ({where}): it held the lock past the "
+        "{timeout_ms} ms busy timeout; try again, or stop the process that holds it",
+    ),
+    Failure(
+        ("database or disk is full", "no space left on device", "disk quota exceeded"),
+        DiskFull,
+        "the disk holding the database is full ({where}): free space there, or keep less "
+        "history (KVSCOPE_RETENTION__RAW_HOURS)",
+    ),
+    Failure(
+        ("readonly database", "read-only file system"),
+        DatabaseUnavailable,
+        "cannot write the database file {where} ({driver}): give this user write access "
+        "to the file and its folder",
+    ),
+    Failure(
+        ("unable to open database file",),
+        DatabaseUnavailable,
+        "cannot open the database file {where} ({driver}): check that its folder exists "
+        "and that this user may read and write both",
+    ),
+    Failure(
+        ("file is not a database", "database disk image is malformed"),
+        DatabaseUnavailable,
+        "the database file {where} is damaged or not a SQLite database ({driver}): "
+        "restore it from a backup, or move it aside and kvscope starts a new one",
+    ),
+    Failure(
+        (
+            "could not connect",
+            "connection refused",
+            "connection to server",
+            "password authentication failed",
+            "could not translate host name",
+        ),
+        DatabaseUnavailable,
+        "cannot reach the database {where} ({driver}): check KVSCOPE_DATABASE_URL and that "
+        "the database server is running",
+    ),
+)
+
+
+def describe_url(url: URL) -> str:
+    """The database as a person names it: a SQLite file's path, else the URL sans password."""
+    if url.get_backend_name() == "sqlite":
+        return url.database or ":memory:"
+    return url.render_as_string(hide_password=True)
+
+
+def storage_error(
+    err: DBAPIError, where: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+) -> StorageError:
+    """The kvscope error a driver failure becomes; unknown ones keep the driver's words."""
+    driver = str(err.orig).strip() or type(err.orig).__name__
+    if isinstance(err, IntegrityError):
+        return Conflict(f"the change conflicts with what is stored ({driver})")
+    lowered = driver.lower()
+    for failure in KNOWN_FAILURES:
+        if any(needle in lowered for needle in failure.needles):
+            text = failure.message.format(where=where, driver=driver, timeout_ms=busy_timeout_ms)
+            return failure.error(text)
+    return StorageError(f"the database {where} failed: {driver}")
+
+
+def _error_boundary(where: str, busy_timeout_ms: int) -> Callable[[ExceptionContext], None]:
+    def on_error(ctx: ExceptionContext) -> None:
+        # Only driver failures: a bug in a statement (a TypeError while binding) stays a bug.
+        if isinstance(ctx.sqlalchemy_exception, DBAPIError):
+            # SQLAlchemy raises what a handler raises, chained to the driver's exception.
+            raise storage_error(ctx.sqlalchemy_exception, where, busy_timeout_ms)
+
+    return on_error
 
 
 def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
@@ -47,6 +158,7 @@ def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any)
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms))
+    event.listen(engine, "handle_error", _error_boundary(describe_url(engine.url), busy_timeout_ms))
     return engine
 
 
@@ -60,10 +172,24 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine) -> None:
     """Create or migrate the schema to the newest revision."""
-    try:
-        command.upgrade(alembic_config(engine), "head")
-    except OperationalError as err:
-        raise StorageError(f"cannot migrate the database at {engine.url}: {err.orig}") from err
+    cfg = alembic_config(engine)
+    _refuse_unknown_revisions(engine, cfg)
+    command.upgrade(cfg, "head")
+
+
+def _refuse_unknown_revisions(engine: Engine, cfg: Config) -> None:
+    # Alembic would fail with "Can't locate revision"; say what it means and what to do.
+    script = ScriptDirectory.from_config(cfg)
+    known = {rev.revision for rev in script.walk_revisions()}
+    with engine.connect() as conn:
+        stamped = MigrationContext.configure(conn).get_current_heads()
+    unknown = sorted(set(stamped) - known)
+    if unknown:
+        raise DatabaseTooNew(
+            f"this database ({describe_url(engine.url)}) was written by a newer kvscope "
+            f"(revision {', '.join(unknown)}; this kvscope knows up to "
+            f"{script.get_current_head()}): upgrade kvscope"
+        )
 
 
 def open_store(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Engine:

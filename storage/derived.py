@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from planner.stats import histogram_quantiles
 from storage.ingest import HEARTBEAT_S
 from storage.names import METRICS, QUANTILES, Kind
-from storage.queries import series_points
+from storage.queries.series import series_points
 
 RAW_MAX_WINDOW_S = 6 * 3600
 MINUTE_MAX_WINDOW_S = 2 * 86400

@@ -16,10 +16,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.dml import Insert
 
-from planner.errors import StorageError
 from storage.db import transaction
 from storage.tables import Sample, Series
 
@@ -80,31 +78,33 @@ class SampleWriter:
     def write(self, target_id: int, points: Iterable[PointLike], ts: float) -> int:
         """Store the points of one scrape taken at `ts`; return how many rows were written."""
         pts = [p for p in points if not math.isnan(p.value)]
-        known_before = set(self._ids)
-        try:
-            with transaction(self.engine) as session:
-                ids = self._resolve(session, target_id, pts)
-                renamed = {
-                    sid: p.raw_name
-                    for p, sid in zip(pts, ids, strict=True)
-                    if p.raw_name and self._raw.get(sid) != p.raw_name
-                }
-                for sid, raw in renamed.items():
-                    session.execute(update(Series).where(Series.id == sid).values(raw_name=raw))
-                rows: list[dict[str, Any]] = []
-                for p, sid in zip(pts, ids, strict=True):
-                    last = self._last.get(sid)
-                    if last and last[1] == p.value and ts - last[0] < self.heartbeat_s:
-                        continue
-                    rows.append({"series_id": sid, "ts": ts, "value": p.value})
-                if rows:
-                    session.execute(self._insert, rows)
-        except OperationalError as err:
-            # Ids of series created in the rolled-back transaction do not exist.
-            for key in set(self._ids) - known_before:
-                del self._ids[key]
-            raise StorageError(f"could not write samples: {err.orig}") from err
+        # Series created here exist only once the transaction commits: they join the cache
+        # after it, so a failed write (a StorageError from the boundary) leaves no stale id.
+        created: dict[tuple[int, str, str], int] = {}
+        with transaction(self.engine) as session:
+            ids = self._resolve(session, target_id, pts, created)
+            new_ids = set(created.values())
+            # A series created just now already carries its raw name.
+            renamed = {
+                sid: p.raw_name
+                for p, sid in zip(pts, ids, strict=True)
+                if p.raw_name and sid not in new_ids and self._raw.get(sid) != p.raw_name
+            }
+            for sid, raw in renamed.items():
+                session.execute(update(Series).where(Series.id == sid).values(raw_name=raw))
+            rows: list[dict[str, Any]] = []
+            for p, sid in zip(pts, ids, strict=True):
+                last = self._last.get(sid)
+                if last and last[1] == p.value and ts - last[0] < self.heartbeat_s:
+                    continue
+                rows.append({"series_id": sid, "ts": ts, "value": p.value})
+            if rows:
+                session.execute(self._insert, rows)
+        self._ids.update(created)
         self._raw.update(renamed)
+        self._raw.update(
+            {sid: p.raw_name for p, sid in zip(pts, ids, strict=True) if sid in new_ids}
+        )
         # Only after the commit: a rolled-back write must not suppress the next one.
         for row in rows:
             self._last[int(row["series_id"])] = (ts, float(row["value"]))
@@ -117,10 +117,17 @@ class SampleWriter:
             self._last.pop(sid, None)
             self._raw.pop(sid, None)
 
-    def _resolve(self, session: Any, target_id: int, pts: list[PointLike]) -> list[int]:
+    def _resolve(
+        self,
+        session: Any,
+        target_id: int,
+        pts: list[PointLike],
+        created: dict[tuple[int, str, str], int],
+    ) -> list[int]:
         keys = [(target_id, p.series, labels_key(p.labels)) for p in pts]
         missing = {k for k in keys if k not in self._ids}
         if missing:
+            # Rows read here are committed, so they may enter the cache at once.
             known = session.execute(
                 select(Series.id, Series.metric, Series.labels_key, Series.raw_name).where(
                     Series.target_id == target_id
@@ -142,6 +149,5 @@ class SampleWriter:
                 )
                 session.add(row)
                 session.flush()
-                self._ids[key] = row.id
-                self._raw[row.id] = p.raw_name
-        return [self._ids[k] for k in keys]
+                created[key] = row.id
+        return [created[k] if k in created else self._ids[k] for k in keys]

@@ -63,11 +63,3 @@ METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
 LATENCY_HISTOGRAMS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e", "queue_time")
 
 QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
-
-
-def series_names(metric: str) -> tuple[str, ...]:
-    """The stored series names of a canonical metric (three for a histogram)."""
-    m = METRICS[metric]
-    if m.kind is Kind.HISTOGRAM:
-        return (f"{metric}_bucket", f"{metric}_sum", f"{metric}_count")
-    return (metric,)

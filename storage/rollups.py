@@ -15,7 +15,7 @@ from sqlalchemy import Engine, Float, Integer, cast, delete, func, insert, liter
 from sqlalchemy.sql.elements import ColumnElement
 
 from storage.db import transaction
-from storage.queries import get_state, put_state
+from storage.queries.state import get_state, put_state
 from storage.settings import Retention
 from storage.tables import Rollup, Sample, Series
 

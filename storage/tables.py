@@ -182,7 +182,7 @@ class Event(Base):
 
 
 class EngineSpecRow(Base):
-    """A managed engine's spec (validated by `probes.engine.EngineSpec`) and desired state."""
+    """A managed engine's spec (validated by `probes.engine.spec.EngineSpec`) and desired state."""
 
     __tablename__ = "engine_specs"
 
@@ -209,7 +209,7 @@ class ProbeSchedule(Base):
 
 
 class WorkloadProfileRow(Base):
-    """A user's workload profile (validated by `probes.workloads`), selectable by name."""
+    """A user's workload profile (validated by `probes.load.workloads`), selectable by name."""
 
     __tablename__ = "workload_profiles"
 
@@ -232,7 +232,7 @@ class SloRow(Base):
 
 
 class AlertRuleRow(Base):
-    """An alert rule as the user edited it (validated by `probes.rules.AlertRule`)."""
+    """An alert rule as the user edited it (validated by `probes.alerting.rules.AlertRule`)."""
 
     __tablename__ = "alert_rules"
 

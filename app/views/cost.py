@@ -10,7 +10,6 @@ import streamlit as st
 
 from app import common
 from app.charts.cost import cost_chart
-from app.reports import measured_points, queue_inputs
 from planner.capacity import PlanRequest
 from planner.cost import (
     CostInputs,
@@ -31,6 +30,7 @@ from planner.gpus import get_gpu, gpu_names
 from planner.models import load_preset, preset_names
 from planner.queueing import queue_estimate
 from storage import queries
+from storage.dashboards import measured_points, queue_inputs
 
 
 def render() -> None:

@@ -10,10 +10,10 @@ import pandas as pd
 import streamlit as st
 
 from app import common
-from app.reports import slo_reports
 from planner.errors import KvscopeError
 from planner.slo import parse_slo, slo_presets
 from storage import queries
+from storage.dashboards import slo_reports
 from storage.schemas import TargetRow
 
 

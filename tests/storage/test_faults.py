@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import StorageError
+from planner.errors import DatabaseLocked
 from storage import queries as q
 from storage.db import open_store
 from storage.ingest import Point, SampleWriter
@@ -46,7 +46,7 @@ def test_a_lock_held_too_long_is_a_clear_error_and_loses_nothing(tmp_path: Path)
     holder = threading.Thread(target=_hold_lock, args=(tmp_path / "k.db", 1.5, started))
     holder.start()
     started.wait()
-    with pytest.raises(StorageError, match="could not write samples: database is locked"):
+    with pytest.raises(DatabaseLocked, match=r"locked by another process .* 200 ms busy timeout"):
         w.write(tid, [Point("running", {}, 2.0), Point("waiting", {}, 5.0)], 2.0)
     holder.join()
     # The failed write did not poison the writer: the next scrape stores both values.

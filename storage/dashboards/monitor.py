@@ -1,6 +1,5 @@
-"""What each console page shows, computed in one call per page: plain data, no Streamlit.
-
-Pages stay thin: they pick a target and a window, call one function here, and render.
+"""The monitor pages' data (Overview, Live, Tail, Engine, the worker banner), one call per
+page: stored samples turned into gauges, rates and quantiles on a grid.
 """
 
 from __future__ import annotations

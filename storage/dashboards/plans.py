@@ -1,7 +1,5 @@
-"""Reports that join stored data with the planner's math: SLO compliance, cost inputs.
-
-Plain functions (no Streamlit) behind the SLO and Cost pages; storage supplies the data,
-the planner the arithmetic.
+"""The plan pages' data (SLOs, Cost): stored records and histograms joined with the
+planner's math, giving SLO compliance, measured points and queueing inputs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""Request records: one row per request a probe sent, read back as DataFrames with the
+client-side latencies (TTFT, TPOT, E2E) computed in one place."""
+
+from __future__ import annotations
+
+import pandas as pd
+from sqlalchemy import Engine, select
+
+from storage.tables import ProbeRun, RequestRecord
+
+
+def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add `ttft_s` and `tpot_s` to request rows, in place; returns the frame.
+
+    Both count from the scheduled send time, so a late client shows as latency (open loop).
+    TPOT is the decode time over the tokens after the first, undefined below two tokens.
+    """
+    frame["ttft_s"] = frame["first_token_ts"] - frame["scheduled_ts"]
+    decode = frame["end_ts"] - frame["first_token_ts"]
+    frame["tpot_s"] = decode / (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
+    return frame
+
+
+def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
+    """The requests a run sent, one row each, with TTFT, E2E and TPOT in seconds."""
+    cols = [
+        RequestRecord.seq,
+        RequestRecord.scheduled_ts,
+        RequestRecord.sent_ts,
+        RequestRecord.first_token_ts,
+        RequestRecord.end_ts,
+        RequestRecord.prompt_tokens,
+        RequestRecord.output_tokens,
+        RequestRecord.status,
+        RequestRecord.http_status,
+        RequestRecord.error,
+        RequestRecord.tags,
+    ]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(*cols).where(RequestRecord.run_id == run_id).order_by(RequestRecord.seq)
+        ).all()
+    frame = pd.DataFrame(rows, columns=[c.key for c in cols])
+    add_latency_columns(frame)
+    frame["e2e_s"] = frame["end_ts"] - frame["scheduled_ts"]
+    frame["lateness_s"] = frame["sent_ts"] - frame["scheduled_ts"]
+    frame["step"] = [t.get("step") if isinstance(t, dict) else None for t in frame["tags"]]
+    return frame
+
+
+def target_records(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
+    """Requests probes sent to a target, scheduled in [start, end]: ttft_s, tpot_s, ok."""
+    cols = [
+        RequestRecord.scheduled_ts,
+        RequestRecord.first_token_ts,
+        RequestRecord.end_ts,
+        RequestRecord.output_tokens,
+        RequestRecord.status,
+    ]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(*cols)
+            .join(ProbeRun, ProbeRun.id == RequestRecord.run_id)
+            .where(
+                ProbeRun.target_id == target_id,
+                RequestRecord.scheduled_ts >= start,
+                RequestRecord.scheduled_ts <= end,
+                RequestRecord.status != "cancelled",
+            )
+        ).all()
+    frame = pd.DataFrame(rows, columns=[c.key for c in cols])
+    frame["ok"] = frame["status"] == "ok"
+    return add_latency_columns(frame)

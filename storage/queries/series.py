@@ -1,0 +1,83 @@
+"""Time-series reads: the stored points of a target's series, raw or rolled up.
+
+The table follows the resolution: raw samples (0), or 1-minute / 1-hour rollups; the
+derivations in `storage/derived.py` turn these points into gauges, rates and quantiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Engine, func, select
+
+from storage.tables import Rollup, Sample, Series
+
+
+def series_points(
+    engine: Engine,
+    target_id: int,
+    names: Iterable[str],
+    start: float,
+    end: float,
+    resolution: int = 0,
+) -> pd.DataFrame:
+    """Stored points of a target's series in [start, end].
+
+    Columns: series_id, metric, labels_key, ts, value (raw), or ts, min, max, avg, last,
+    count (rollups, `ts` = bucket start).
+    """
+    names = list(names)
+    if resolution == 0:
+        q: Any = (
+            select(Series.id, Series.metric, Series.labels_key, Sample.ts, Sample.value)
+            .join(Series, Series.id == Sample.series_id)
+            .where(
+                Series.target_id == target_id,
+                Series.metric.in_(names),
+                Sample.ts >= start,
+                Sample.ts <= end,
+            )
+            .order_by(Sample.series_id, Sample.ts)
+        )
+    else:
+        q = (
+            select(
+                Series.id,
+                Series.metric,
+                Series.labels_key,
+                Rollup.ts,
+                Rollup.min,
+                Rollup.max,
+                Rollup.avg,
+                Rollup.last,
+                Rollup.count,
+            )
+            .join(Series, Series.id == Rollup.series_id)
+            .where(
+                Series.target_id == target_id,
+                Series.metric.in_(names),
+                Rollup.resolution == resolution,
+                Rollup.ts >= start,
+                Rollup.ts <= end,
+            )
+            .order_by(Rollup.series_id, Rollup.ts)
+        )
+    with engine.connect() as conn:
+        # Plain tuples: pandas probes each SQLAlchemy Row for attributes, which costs more
+        # than the query.
+        rows = [tuple(r) for r in conn.execute(q)]
+    cols = ["series_id", "metric", "labels_key", "ts"] + (
+        ["value"] if resolution == 0 else ["min", "max", "avg", "last", "count"]
+    )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def count_samples(engine: Engine, target_id: int | None = None) -> int:
+    """How many raw samples are stored (for one target)."""
+    with engine.connect() as conn:
+        q = select(func.count()).select_from(Sample)
+        if target_id is not None:
+            q = q.join(Series, Series.id == Sample.series_id).where(Series.target_id == target_id)
+        return int(conn.execute(q).scalar_one())

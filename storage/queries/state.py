@@ -1,0 +1,29 @@
+"""Worker state: small facts the worker publishes for the console (heartbeat, GPU state,
+rollup watermarks, each managed engine's state and log tail), one row per key."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Engine
+
+from storage.db import session_factory, transaction
+from storage.tables import WorkerState
+
+
+def put_state(engine: Engine, key: str, value: dict[str, Any]) -> None:
+    """Publish a small fact (heartbeat, GPU state) for the console."""
+    with transaction(engine) as s:
+        row = s.get(WorkerState, key)
+        if row is None:
+            s.add(WorkerState(key=key, value=value, updated_at=time.time()))
+        else:
+            row.value, row.updated_at = value, time.time()
+
+
+def get_state(engine: Engine, key: str) -> tuple[dict[str, Any], float] | None:
+    """A published fact and when it was written."""
+    with session_factory(engine)() as s:
+        row = s.get(WorkerState, key)
+        return (dict(row.value), row.updated_at) if row else None

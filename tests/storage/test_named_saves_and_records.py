@@ -1,0 +1,82 @@
+"""The user's named things are saved once and overwritten after; request records carry the
+same TTFT and TPOT whichever query reads them."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from sqlalchemy import Engine, func, select
+
+from storage import queries as q
+from storage.db import session_factory, transaction
+from storage.tables import CostFrame, EngineSpecRow, RequestRecord
+
+
+def test_each_named_save_creates_then_overwrites(store: Engine) -> None:
+    q.save_engine_spec(store, "e", {"model": "a"})
+    q.save_profile(store, "p", {"rate": 1})
+    q.save_slo(store, "s", {"ttft_s": 1.0}, None)
+    q.save_cost_frame(store, "c", {"gpu": "a"}, [1])
+    with session_factory(store)() as s:
+        first_spec = s.scalars(select(EngineSpecRow.updated_at)).one()
+        first_frame = s.scalars(select(CostFrame.updated_at)).one()
+    tid = q.add_target(store, q.parse_target({"name": "t", "base_url": "http://h"})).id
+
+    q.save_engine_spec(store, "e", {"model": "b"})
+    q.save_profile(store, "p", {"rate": 2})
+    q.save_slo(store, "s", {"ttft_s": 2.0}, tid)
+    q.save_cost_frame(store, "c", {"gpu": "b"}, [2, 3])
+
+    assert q.list_engine_specs(store) == [("e", {"model": "b"}, "stopped")]
+    assert q.stored_profiles(store) == {"p": {"rate": 2}}
+    assert [(name, t, spec) for _, name, t, spec in q.list_slos(store)] == [
+        ("s", tid, {"ttft_s": 2.0})
+    ]
+    assert q.cost_frames(store) == {"c": ({"gpu": "b"}, [2, 3])}
+    with session_factory(store)() as s:
+        assert s.scalars(select(EngineSpecRow.updated_at)).one() >= first_spec
+        assert s.scalars(select(CostFrame.updated_at)).one() >= first_frame
+        assert s.scalar(select(func.count()).select_from(EngineSpecRow)) == 1
+
+
+def test_latency_columns_count_from_the_scheduled_send() -> None:
+    frame = pd.DataFrame(
+        {
+            "scheduled_ts": [10.0, 10.0, 10.0],
+            "first_token_ts": [10.5, 11.0, None],
+            "end_ts": [12.5, 11.0, None],
+            "output_tokens": [5, 1, None],
+        }
+    )
+    q.add_latency_columns(frame)
+    assert frame["ttft_s"].tolist()[:2] == [0.5, 1.0]
+    assert frame["tpot_s"].iloc[0] == pytest.approx(0.5)  # 2 s over the 4 tokens after the first
+    assert math.isnan(frame["tpot_s"].iloc[1])  # one token: no time per output token
+    assert math.isnan(frame["ttft_s"].iloc[2]) and math.isnan(frame["tpot_s"].iloc[2])
+
+
+def test_run_and_target_records_agree_on_latencies(store: Engine) -> None:
+    tid = q.add_target(store, q.parse_target({"name": "t", "base_url": "http://h"})).id
+    run = q.request_run(store, "latency", {}, target_id=tid)
+    with transaction(store) as s:
+        for seq, (first, end, tokens) in enumerate([(100.2, 101.2, 11), (100.4, 100.4, 1)]):
+            s.add(
+                RequestRecord(
+                    run_id=run.id,
+                    seq=seq,
+                    scheduled_ts=100.0,
+                    sent_ts=100.01,
+                    first_token_ts=first,
+                    end_ts=end,
+                    output_tokens=tokens,
+                    status="ok",
+                )
+            )
+    by_run = q.run_records(store, run.id)
+    by_target = q.target_records(store, tid, 0, 200)
+    for col in ("ttft_s", "tpot_s"):
+        pd.testing.assert_series_equal(by_run[col], by_target[col])
+    assert by_run["ttft_s"].tolist() == pytest.approx([0.2, 0.4])
+    assert by_run["tpot_s"].iloc[0] == pytest.approx(0.1)
