@@ -155,38 +155,38 @@ def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any)
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         kwargs.setdefault("connect_args", {"timeout": busy_timeout_ms / 1000})
-    engine = create_engine(url, **kwargs)
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms))
-    event.listen(engine, "handle_error", _error_boundary(describe_url(engine.url), busy_timeout_ms))
-    return engine
+    store = create_engine(url, **kwargs)
+    if store.dialect.name == "sqlite":
+        event.listen(store, "connect", _sqlite_pragmas(busy_timeout_ms))
+    event.listen(store, "handle_error", _error_boundary(describe_url(store.url), busy_timeout_ms))
+    return store
 
 
-def alembic_config(engine: Engine) -> Config:
+def alembic_config(store: Engine) -> Config:
     """An Alembic config pointing at the packaged migrations and at `engine`."""
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-    cfg.attributes["engine"] = engine
+    cfg.attributes["store"] = store
     return cfg
 
 
-def upgrade(engine: Engine) -> None:
+def upgrade(store: Engine) -> None:
     """Create or migrate the schema to the newest revision."""
-    cfg = alembic_config(engine)
-    _refuse_unknown_revisions(engine, cfg)
+    cfg = alembic_config(store)
+    _refuse_unknown_revisions(store, cfg)
     command.upgrade(cfg, "head")
 
 
-def _refuse_unknown_revisions(engine: Engine, cfg: Config) -> None:
+def _refuse_unknown_revisions(store: Engine, cfg: Config) -> None:
     # Alembic would fail with "Can't locate revision"; say what it means and what to do.
     script = ScriptDirectory.from_config(cfg)
     known = {rev.revision for rev in script.walk_revisions()}
-    with engine.connect() as conn:
+    with store.connect() as conn:
         stamped = MigrationContext.configure(conn).get_current_heads()
     unknown = sorted(set(stamped) - known)
     if unknown:
         raise DatabaseTooNew(
-            f"this database ({describe_url(engine.url)}) was written by a newer kvscope "
+            f"this database ({describe_url(store.url)}) was written by a newer kvscope "
             f"(revision {', '.join(unknown)}; this kvscope knows up to "
             f"{script.get_current_head()}): upgrade kvscope"
         )
@@ -194,18 +194,18 @@ def _refuse_unknown_revisions(engine: Engine, cfg: Config) -> None:
 
 def open_store(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Engine:
     """Engine for `url` with the schema at head: what every entry point calls first."""
-    engine = make_engine(url, busy_timeout_ms)
-    upgrade(engine)
-    return engine
+    store = make_engine(url, busy_timeout_ms)
+    upgrade(store)
+    return store
 
 
-def session_factory(engine: Engine) -> sessionmaker[Session]:
+def session_factory(store: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded objects usable after commit (pages read them afterwards)."""
-    return sessionmaker(engine, expire_on_commit=False)
+    return sessionmaker(store, expire_on_commit=False)
 
 
 @contextmanager
-def transaction(engine: Engine) -> Iterator[Session]:
+def transaction(store: Engine) -> Iterator[Session]:
     """A short write transaction: commit on success, roll back on error."""
-    with session_factory(engine).begin() as session:
+    with session_factory(store).begin() as session:
         yield session

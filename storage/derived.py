@@ -83,12 +83,12 @@ class _Series:
 
 
 def _load(
-    engine: Engine, target_id: int, name: str, grid: Grid, lookback: float, cumulative: bool
+    store: Engine, target_id: int, name: str, grid: Grid, lookback: float, cumulative: bool
 ) -> list[_Series]:
     """The stored points of every label set of one series name, reset-corrected if cumulative."""
     res = grid.resolution
     frame = series_points(
-        engine, target_id, [name], grid.start - lookback - grid.stale_s, grid.end, res
+        store, target_id, [name], grid.start - lookback - grid.stale_s, grid.end, res
     )
     out = []
     for (_, lk), g in frame.groupby(["series_id", "labels_key"], sort=False):
@@ -155,13 +155,13 @@ def _combine(stack: list[np.ndarray], how: str) -> np.ndarray:
 # --- derivations ---------------------------------------------------------------------------
 
 
-def gauge(engine: Engine, target_id: int, metric: str, grid: Grid) -> pd.Series:
+def gauge(store: Engine, target_id: int, metric: str, grid: Grid) -> pd.Series:
     """A gauge on the grid, label sets combined (KV usage averaged, queues summed)."""
     m = METRICS[metric]
     if m.kind is not Kind.GAUGE:
         raise ValueError(f"{metric} is not a gauge")
     times = grid.points
-    loaded = _load(engine, target_id, metric, grid, 0.0, cumulative=False)
+    loaded = _load(store, target_id, metric, grid, 0.0, cumulative=False)
     if not loaded:
         return pd.Series(np.full(len(times), np.nan), index=times, name=metric)
     vals = _combine([_at(s, times, grid.stale_s) for s in loaded], m.combine)
@@ -174,14 +174,14 @@ def rate_window(grid: Grid) -> float:
 
 
 def rate(
-    engine: Engine, target_id: int, counter: str, grid: Grid, window_s: float | None = None
+    store: Engine, target_id: int, counter: str, grid: Grid, window_s: float | None = None
 ) -> pd.Series:
     """Per-second increase of a counter over a trailing window at each grid point."""
     if METRICS[counter].kind is not Kind.COUNTER:
         raise ValueError(f"{counter} is not a counter")
     w = window_s or rate_window(grid)
     times = grid.points
-    loaded = _load(engine, target_id, counter, grid, w, cumulative=True)
+    loaded = _load(store, target_id, counter, grid, w, cumulative=True)
     if not loaded:
         return pd.Series(np.full(len(times), np.nan), index=times, name=counter)
     pairs = [_increase(s, times, w, grid.stale_s) for s in loaded]
@@ -193,7 +193,7 @@ def rate(
 
 
 def quantiles(
-    engine: Engine,
+    store: Engine,
     target_id: int,
     histogram: str,
     grid: Grid,
@@ -209,7 +209,7 @@ def quantiles(
         raise ValueError(f"{histogram} is not a histogram")
     w = window_s or max(300.0, grid.step)
     times = grid.points
-    loaded = _load(engine, target_id, f"{histogram}_bucket", grid, w, cumulative=True)
+    loaded = _load(store, target_id, f"{histogram}_bucket", grid, w, cumulative=True)
     cols = [f"p{round(q * 100)}" for q in qs]
     by_le: dict[float, list[np.ndarray]] = {}
     for s in loaded:
@@ -231,13 +231,13 @@ def quantiles(
 
 
 def histogram_increase(
-    engine: Engine, target_id: int, histogram: str, at: float, window_s: float
+    store: Engine, target_id: int, histogram: str, at: float, window_s: float
 ) -> list[tuple[float, float]]:
     """Each bucket's increase over (at - window, at], label sets summed: the window's own
     histogram as [(le, count)], the input of bucket-based compliance."""
     grid = point_grid(at, window_s)
     out: dict[float, float] = {}
-    for s in _load(engine, target_id, f"{histogram}_bucket", grid, window_s, cumulative=True):
+    for s in _load(store, target_id, f"{histogram}_bucket", grid, window_s, cumulative=True):
         inc, _ = _increase(s, grid.points, window_s, grid.stale_s)
         if not np.isnan(inc[-1]):
             le = float(json.loads(s.labels_key)["le"])

@@ -55,11 +55,11 @@ def labels_key(labels: dict[str, Any]) -> str:
     return json.dumps(labels, sort_keys=True, separators=(",", ":"))
 
 
-def insert_ignoring_duplicates(engine: Engine, table: Any) -> Insert:
+def insert_ignoring_duplicates(store: Engine, table: Any) -> Insert:
     """An INSERT that skips rows whose primary key already exists, on SQLite and PostgreSQL."""
-    if engine.dialect.name == "sqlite":
+    if store.dialect.name == "sqlite":
         return sqlite.insert(table).on_conflict_do_nothing()
-    if engine.dialect.name == "postgresql":
+    if store.dialect.name == "postgresql":
         return postgresql.insert(table).on_conflict_do_nothing()
     return insert(table)
 
@@ -67,13 +67,13 @@ def insert_ignoring_duplicates(engine: Engine, table: Any) -> Insert:
 class SampleWriter:
     """Keeps series ids and last stored values in memory; one instance per worker process."""
 
-    def __init__(self, engine: Engine, heartbeat_s: float = HEARTBEAT_S) -> None:
-        self.engine = engine
+    def __init__(self, store: Engine, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.engine = store
         self.heartbeat_s = heartbeat_s
         self._ids: dict[tuple[int, str, str], int] = {}
         self._raw: dict[int, str] = {}
         self._last: dict[int, tuple[float, float]] = {}
-        self._insert = insert_ignoring_duplicates(engine, Sample)
+        self._insert = insert_ignoring_duplicates(store, Sample)
 
     def write(self, target_id: int, points: Iterable[PointLike], ts: float) -> int:
         """Store the points of one scrape taken at `ts`; return how many rows were written."""

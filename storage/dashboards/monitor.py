@@ -54,18 +54,18 @@ def _num(x: float) -> float | None:
     return None if x is None or np.isnan(x) else float(x)
 
 
-def overview(engine: Engine, now: float | None = None) -> list[OverviewRow]:
+def overview(store: Engine, now: float | None = None) -> list[OverviewRow]:
     """Every target with its latest gauges and its last five minutes of rates and tails."""
     now = time.time() if now is None else now
     rows = []
     grid = d.point_grid(now, SUMMARY_WINDOW_S)
-    for t in q.list_targets(engine):
+    for t in q.list_targets(store):
         latest = {
-            m: d.gauge(engine, t.id, m, grid).iloc[-1] for m in ("kv_usage", "running", "waiting")
+            m: d.gauge(store, t.id, m, grid).iloc[-1] for m in ("kv_usage", "running", "waiting")
         }
-        pre = d.rate(engine, t.id, "preemptions_total", grid, SUMMARY_WINDOW_S).iloc[-1]
-        ttft = d.quantiles(engine, t.id, "ttft", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
-        itl = d.quantiles(engine, t.id, "itl", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
+        pre = d.rate(store, t.id, "preemptions_total", grid, SUMMARY_WINDOW_S).iloc[-1]
+        ttft = d.quantiles(store, t.id, "ttft", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
+        itl = d.quantiles(store, t.id, "itl", grid, SUMMARY_WINDOW_S)["p99"].iloc[-1]
         rows.append(
             OverviewRow(
                 name=t.name,
@@ -87,13 +87,13 @@ def overview(engine: Engine, now: float | None = None) -> list[OverviewRow]:
     return rows
 
 
-def live(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
+def live(store: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
     """The Live page's series on one grid: KV usage, free blocks, queues, rates, hit rate."""
     grid = d.make_grid(start, end)
-    target = q.get_target(engine, target_id)
+    target = q.get_target(store, target_id)
     frame = pd.DataFrame(index=pd.Index(grid.points, name="ts"))
     for m in ("kv_usage", "running", "waiting"):
-        frame[m] = d.gauge(engine, target_id, m, grid).to_numpy()
+        frame[m] = d.gauge(store, target_id, m, grid).to_numpy()
     if target.num_gpu_blocks:
         # vLLM: usage = 1 - free / (num_blocks - 1); one block is the reserved null block.
         frame["free_blocks"] = (1.0 - frame["kv_usage"]) * (target.num_gpu_blocks - 1)
@@ -105,9 +105,9 @@ def live(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFra
         ("generation_tokens_per_s", "generation_tokens_total"),
         ("requests_per_s", "requests_finished_total"),
     ):
-        frame[col] = d.rate(engine, target_id, counter, grid).to_numpy()
-    hits = d.rate(engine, target_id, "prefix_cache_hits_total", grid).to_numpy()
-    queries = d.rate(engine, target_id, "prefix_cache_queries_total", grid).to_numpy()
+        frame[col] = d.rate(store, target_id, counter, grid).to_numpy()
+    hits = d.rate(store, target_id, "prefix_cache_hits_total", grid).to_numpy()
+    queries = d.rate(store, target_id, "prefix_cache_queries_total", grid).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         frame["prefix_hit_rate"] = np.where(queries > 0, hits / queries, np.nan)
     frame.attrs.update(
@@ -117,13 +117,13 @@ def live(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFra
 
 
 def tail(
-    engine: Engine, target_id: int, start: float, end: float, window_s: float | None = None
+    store: Engine, target_id: int, start: float, end: float, window_s: float | None = None
 ) -> dict[str, pd.DataFrame]:
     """p50/p95/p99 and p99/p50 over time for each latency histogram."""
     grid = d.make_grid(start, end)
     out = {}
     for h in LATENCY_HISTOGRAMS:
-        frame = d.quantiles(engine, target_id, h, grid, window_s)
+        frame = d.quantiles(store, target_id, h, grid, window_s)
         frame.index.name = "ts"
         frame.attrs.update(
             resolution=grid.resolution, step=grid.step, window_s=window_s or max(300.0, grid.step)
@@ -132,11 +132,11 @@ def tail(
     return out
 
 
-def worker_status(engine: Engine, now: float | None = None) -> WorkerStatus:
+def worker_status(store: Engine, now: float | None = None) -> WorkerStatus:
     """Whether a worker heartbeat is fresh, and the GPU state it published."""
     now = time.time() if now is None else now
-    hb = q.get_state(engine, "worker")
-    gpu = q.get_state(engine, "gpu")
+    hb = q.get_state(store, "worker")
+    gpu = q.get_state(store, "gpu")
     alive = bool(hb and hb[0].get("running") and now - hb[1] < HEARTBEAT_STALE_S)
     if alive:
         message = f"worker running (pid {hb[0].get('pid')})" if hb else ""
@@ -169,14 +169,14 @@ class EngineView(BaseModel):
     target: dict[str, Any] | None
 
 
-def engine_view(engine: Engine, name: str, now: float | None = None) -> EngineView:
+def engine_view(store: Engine, name: str, now: float | None = None) -> EngineView:
     """A managed engine's spec, desired and actual state, log tail and scraped cache facts."""
     now = time.time() if now is None else now
-    spec, desired = q.get_engine_spec(engine, name)
-    state = q.get_state(engine, f"engine:{name}")
-    logs = q.get_state(engine, f"engine_log:{name}")
+    spec, desired = q.get_engine_spec(store, name)
+    state = q.get_state(store, f"engine:{name}")
+    logs = q.get_state(store, f"engine_log:{name}")
     try:
-        target: dict[str, Any] | None = q.get_target(engine, name).model_dump()
+        target: dict[str, Any] | None = q.get_target(store, name).model_dump()
     except KvscopeError:
         target = None
     return EngineView(

@@ -46,16 +46,16 @@ class SloReport(BaseModel):
     notes: list[str]
 
 
-def slo_reports(engine: Engine, now: float | None = None) -> list[SloReport]:
+def slo_reports(store: Engine, now: float | None = None) -> list[SloReport]:
     """Every SLO on every target it applies to, over its window ending now."""
     now = time.time() if now is None else now
-    targets = q.list_targets(engine)
+    targets = q.list_targets(store)
     out = []
-    for _, name, target_id, spec in q.list_slos(engine):
+    for _, name, target_id, spec in q.list_slos(store):
         slo = slo_math.parse_slo(spec)
         for t in [t for t in targets if target_id in (None, t.id)]:
             start = now - slo.window_s
-            rec = q.target_records(engine, t.id, start, now)
+            rec = q.target_records(store, t.id, start, now)
             exact = None
             if len(rec):
                 exact = slo_math.compliance_from_records(
@@ -65,8 +65,8 @@ def slo_reports(engine: Engine, now: float | None = None) -> list[SloReport]:
                     slo,
                 )
             per_token = "tpot" if slo.per_token == "tpot" else "itl"
-            ttft_b = d.histogram_increase(engine, t.id, "ttft", now, slo.window_s)
-            tok_b = d.histogram_increase(engine, t.id, per_token, now, slo.window_s)
+            ttft_b = d.histogram_increase(store, t.id, "ttft", now, slo.window_s)
+            tok_b = d.histogram_increase(store, t.id, per_token, now, slo.window_s)
             hist = None
             if _complete(ttft_b) and _complete(tok_b):
                 hist = slo_math.compliance_from_histograms(ttft_b, tok_b, slo)
@@ -112,11 +112,11 @@ class MeasuredPoint(BaseModel):
     share_outside: float
 
 
-def measured_points(engine: Engine, target_id: int) -> list[MeasuredPoint]:
+def measured_points(store: Engine, target_id: int) -> list[MeasuredPoint]:
     """(rate, share outside the SLO) from the latency and capacity runs of a target that
     judged an SLO: the measured input of the cost frame."""
     out = []
-    for run in q.list_runs(engine, limit=500):
+    for run in q.list_runs(store, limit=500):
         if run.target_id != target_id or run.status != "done":
             continue
         if run.kind == "latency" and run.summary.get("slo_share") is not None:
@@ -155,14 +155,14 @@ class QueueInputs(BaseModel):
     client_ttft_p50_s: float | None
 
 
-def queue_inputs(engine: Engine, run_id: int) -> QueueInputs:
+def queue_inputs(store: Engine, run_id: int) -> QueueInputs:
     """Arrival and service variability from a latency run's own request records.
 
     Arrivals are the scheduled send times; a request's service time is its whole stay in
     the engine once sent (sent to end), the closest a client can see of it.
     """
-    run = q.get_run(engine, run_id)
-    rec = q.run_records(engine, run_id)
+    run = q.get_run(store, run_id)
+    rec = q.run_records(store, run_id)
     ok = rec[rec["status"] == "ok"]
     service = (ok["end_ts"] - ok["sent_ts"]).dropna().tolist()
     v = measure_variability(sorted(rec["scheduled_ts"].tolist()), service)

@@ -12,11 +12,11 @@ target_metadata = Base.metadata
 
 
 def run() -> None:
-    """Migrate online, using the caller's engine (or the URL given to the alembic CLI)."""
-    engine = config.attributes.get("engine") or make_engine(
+    """Migrate online, using the caller's store (or the URL given to the alembic CLI)."""
+    store = config.attributes.get("store") or make_engine(
         config.get_main_option("sqlalchemy.url") or ""
     )
-    with engine.begin() as conn:
+    with store.begin() as conn:
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         context.run_migrations()
 

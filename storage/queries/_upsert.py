@@ -12,9 +12,9 @@ from storage.db import transaction
 from storage.tables import Base
 
 
-def upsert_by_name(engine: Engine, table: type[Base], name: str, **values: Any) -> None:
+def upsert_by_name(store: Engine, table: type[Base], name: str, **values: Any) -> None:
     """Insert the row named `name` with `values`, or overwrite those values on it."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.scalars(select(table).filter_by(name=name)).first()
         if row is None:
             s.add(table(name=name, **values))

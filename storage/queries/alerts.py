@@ -16,32 +16,32 @@ from storage.schemas import AlertRow
 from storage.tables import Alert, AlertRuleRow, Event, SloRow, Target
 
 
-def save_slo(engine: Engine, name: str, spec: dict[str, Any], target_id: int | None) -> None:
+def save_slo(store: Engine, name: str, spec: dict[str, Any], target_id: int | None) -> None:
     """Create or replace an SLO (validated by the caller)."""
-    upsert_by_name(engine, SloRow, name, spec=spec, target_id=target_id)
+    upsert_by_name(store, SloRow, name, spec=spec, target_id=target_id)
 
 
-def list_slos(engine: Engine) -> list[tuple[int, str, int | None, dict[str, Any]]]:
+def list_slos(store: Engine) -> list[tuple[int, str, int | None, dict[str, Any]]]:
     """(id, name, target id, spec) of every SLO."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         return [
             (r.id, r.name, r.target_id, dict(r.spec))
             for r in s.scalars(select(SloRow).order_by(SloRow.name))
         ]
 
 
-def remove_slo(engine: Engine, name: str) -> None:
+def remove_slo(store: Engine, name: str) -> None:
     """Delete an SLO."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.scalars(select(SloRow).where(SloRow.name == name)).first()
         if row is None:
             raise NotFound(f"no SLO named {name!r}")
         s.delete(row)
 
 
-def ensure_rules(engine: Engine, defaults: Iterable[dict[str, Any]]) -> int:
+def ensure_rules(store: Engine, defaults: Iterable[dict[str, Any]]) -> int:
     """Install the default alert rules once, when none exist; return how many were added."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         if s.scalars(select(AlertRuleRow.id).limit(1)).first() is not None:
             return 0
         rows = [AlertRuleRow(name=d["name"], rule=d) for d in defaults]
@@ -49,19 +49,19 @@ def ensure_rules(engine: Engine, defaults: Iterable[dict[str, Any]]) -> int:
         return len(rows)
 
 
-def list_rules(engine: Engine) -> list[tuple[int, dict[str, Any]]]:
+def list_rules(store: Engine) -> list[tuple[int, dict[str, Any]]]:
     """(id, rule) of every alert rule, by name."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         return [
             (r.id, dict(r.rule))
             for r in s.scalars(select(AlertRuleRow).order_by(AlertRuleRow.name))
         ]
 
 
-def save_rule(engine: Engine, rule: dict[str, Any], rule_id: int | None = None) -> int:
+def save_rule(store: Engine, rule: dict[str, Any], rule_id: int | None = None) -> int:
     """Create a rule, or replace rule `rule_id` (validated by the caller)."""
     try:
-        with transaction(engine) as s:
+        with transaction(store) as s:
             row = s.get(AlertRuleRow, rule_id) if rule_id is not None else None
             if rule_id is not None and row is None:
                 raise NotFound(f"no alert rule with id {rule_id}")
@@ -76,27 +76,27 @@ def save_rule(engine: Engine, rule: dict[str, Any], rule_id: int | None = None) 
         raise InvalidInput(f"an alert rule named {rule['name']!r} already exists") from err
 
 
-def remove_rule(engine: Engine, rule_id: int) -> None:
+def remove_rule(store: Engine, rule_id: int) -> None:
     """Delete a rule with its alerts."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.get(AlertRuleRow, rule_id)
         if row is None:
             raise NotFound(f"no alert rule with id {rule_id}")
         s.delete(row)
 
 
-def open_alerts(engine: Engine) -> list[AlertRow]:
+def open_alerts(store: Engine) -> list[AlertRow]:
     """Alerts firing now, most severe and newest first."""
     order = {"critical": 0, "warning": 1, "info": 2}
-    rows = alerts(engine, state="firing")
+    rows = alerts(store, state="firing")
     return sorted(rows, key=lambda a: (order.get(a.severity, 3), -a.started_at))
 
 
 def alerts(
-    engine: Engine, state: str | None = None, since: float = 0.0, limit: int = 500
+    store: Engine, state: str | None = None, since: float = 0.0, limit: int = 500
 ) -> list[AlertRow]:
     """Alerts (with rule and target names), newest first."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         q = (
             select(Alert, AlertRuleRow.name, Target.name)
             .join(AlertRuleRow, AlertRuleRow.id == Alert.rule_id)
@@ -126,7 +126,7 @@ def alerts(
 
 
 def fire_alert(
-    engine: Engine,
+    store: Engine,
     rule_id: int,
     target_id: int,
     severity: str,
@@ -135,7 +135,7 @@ def fire_alert(
     now: float,
 ) -> int:
     """Open an alert (and its event)."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = Alert(
             rule_id=rule_id,
             target_id=target_id,
@@ -159,15 +159,15 @@ def fire_alert(
         return row.id
 
 
-def update_alert(engine: Engine, alert_id: int, value: float | None, message: str) -> None:
+def update_alert(store: Engine, alert_id: int, value: float | None, message: str) -> None:
     """Refresh the value of a firing alert."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         s.execute(update(Alert).where(Alert.id == alert_id).values(value=value, message=message))
 
 
-def resolve_alert(engine: Engine, alert_id: int, message: str, now: float) -> None:
+def resolve_alert(store: Engine, alert_id: int, message: str, now: float) -> None:
     """Close an alert (and record its event)."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.get(Alert, alert_id)
         if row is None or row.state != "firing":
             return

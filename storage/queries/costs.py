@@ -12,12 +12,12 @@ from storage.queries._upsert import upsert_by_name
 from storage.tables import CostFrame
 
 
-def save_cost_frame(engine: Engine, name: str, inputs: dict[str, Any], ladder: list[Any]) -> None:
+def save_cost_frame(store: Engine, name: str, inputs: dict[str, Any], ladder: list[Any]) -> None:
     """Record a cost frame (inputs and ladder validated by the caller)."""
-    upsert_by_name(engine, CostFrame, name, inputs=inputs, ladder=ladder)
+    upsert_by_name(store, CostFrame, name, inputs=inputs, ladder=ladder)
 
 
-def cost_frames(engine: Engine) -> dict[str, tuple[dict[str, Any], list[Any]]]:
+def cost_frames(store: Engine) -> dict[str, tuple[dict[str, Any], list[Any]]]:
     """Every recorded cost frame: name -> (inputs, ladder)."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         return {r.name: (dict(r.inputs), list(r.ladder)) for r in s.scalars(select(CostFrame))}

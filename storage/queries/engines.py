@@ -14,14 +14,14 @@ from storage.queries._upsert import upsert_by_name
 from storage.tables import EngineSpecRow
 
 
-def save_engine_spec(engine: Engine, name: str, spec: dict[str, Any]) -> None:
+def save_engine_spec(store: Engine, name: str, spec: dict[str, Any]) -> None:
     """Create or replace the stored spec of a managed engine (validated by the caller)."""
-    upsert_by_name(engine, EngineSpecRow, name, spec=spec)
+    upsert_by_name(store, EngineSpecRow, name, spec=spec)
 
 
-def get_engine_spec(engine: Engine, name: str) -> tuple[dict[str, Any], str]:
+def get_engine_spec(store: Engine, name: str) -> tuple[dict[str, Any], str]:
     """(spec, desired state) of a managed engine."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
         if row is None:
             known = ", ".join(s.scalars(select(EngineSpecRow.name))) or "none"
@@ -29,18 +29,18 @@ def get_engine_spec(engine: Engine, name: str) -> tuple[dict[str, Any], str]:
         return dict(row.spec), row.desired_state
 
 
-def list_engine_specs(engine: Engine) -> list[tuple[str, dict[str, Any], str]]:
+def list_engine_specs(store: Engine) -> list[tuple[str, dict[str, Any], str]]:
     """(name, spec, desired state) of every managed engine."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         rows = s.scalars(select(EngineSpecRow).order_by(EngineSpecRow.name))
         return [(r.name, dict(r.spec), r.desired_state) for r in rows]
 
 
-def set_desired_state(engine: Engine, name: str, state: str) -> None:
+def set_desired_state(store: Engine, name: str, state: str) -> None:
     """Record whether a managed engine should run (the worker restarts it after a crash)."""
     if state not in ("running", "stopped"):
         raise InvalidInput(f"desired state must be running or stopped, not {state!r}")
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
         if row is None:
             raise NotFound(f"no engine spec named {name!r}")

@@ -15,7 +15,7 @@ from storage.tables import Event
 
 
 def record_event(
-    engine: Engine,
+    store: Engine,
     kind: str,
     message: str,
     *,
@@ -25,7 +25,7 @@ def record_event(
     ts: float | None = None,
 ) -> None:
     """Append one event."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         s.add(
             Event(
                 ts=ts or time.time(),
@@ -39,7 +39,7 @@ def record_event(
 
 
 def events(
-    engine: Engine,
+    store: Engine,
     start: float,
     end: float,
     target_id: int | None = None,
@@ -47,7 +47,7 @@ def events(
     limit: int = 1000,
 ) -> list[EventRow]:
     """Events in [start, end], newest first."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         q = select(Event).where(Event.ts >= start, Event.ts <= end)
         if target_id is not None:
             q = q.where(Event.target_id == target_id)

@@ -21,7 +21,7 @@ def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
+def run_records(store: Engine, run_id: int) -> pd.DataFrame:
     """The requests a run sent, one row each, with TTFT, E2E and TPOT in seconds."""
     cols = [
         RequestRecord.seq,
@@ -36,7 +36,7 @@ def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
         RequestRecord.error,
         RequestRecord.tags,
     ]
-    with engine.connect() as conn:
+    with store.connect() as conn:
         rows = conn.execute(
             select(*cols).where(RequestRecord.run_id == run_id).order_by(RequestRecord.seq)
         ).all()
@@ -48,7 +48,7 @@ def run_records(engine: Engine, run_id: int) -> pd.DataFrame:
     return frame
 
 
-def target_records(engine: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
+def target_records(store: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
     """Requests probes sent to a target, scheduled in [start, end]: ttft_s, tpot_s, ok."""
     cols = [
         RequestRecord.scheduled_ts,
@@ -57,7 +57,7 @@ def target_records(engine: Engine, target_id: int, start: float, end: float) -> 
         RequestRecord.output_tokens,
         RequestRecord.status,
     ]
-    with engine.connect() as conn:
+    with store.connect() as conn:
         rows = conn.execute(
             select(*cols)
             .join(ProbeRun, ProbeRun.id == RequestRecord.run_id)

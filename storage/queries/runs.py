@@ -26,10 +26,10 @@ def _run_row(run: ProbeRun) -> RunRow:
 
 
 def request_run(
-    engine: Engine, kind: str, params: dict[str, Any] | None = None, target_id: int | None = None
+    store: Engine, kind: str, params: dict[str, Any] | None = None, target_id: int | None = None
 ) -> RunRow:
     """Queue a unit of work for the worker; the console's only way to make things happen."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         run = ProbeRun(kind=kind, params=params or {}, target_id=target_id, status="queued")
         s.add(run)
         s.flush()
@@ -37,11 +37,11 @@ def request_run(
 
 
 def start_run(
-    engine: Engine, kind: str, params: dict[str, Any], target_id: int | None = None
+    store: Engine, kind: str, params: dict[str, Any], target_id: int | None = None
 ) -> RunRow:
     """A run carried out by the caller itself (the CLI): stored as running, never queued, so
     no worker picks it up."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         run = ProbeRun(
             kind=kind, params=params, target_id=target_id, status="running", started_at=time.time()
         )
@@ -50,27 +50,27 @@ def start_run(
         return _run_row(run)
 
 
-def get_run(engine: Engine, run_id: int) -> RunRow:
+def get_run(store: Engine, run_id: int) -> RunRow:
     """One run by id."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         run = s.get(ProbeRun, run_id)
         if run is None:
             raise NotFound(f"no probe run with id {run_id}")
         return _run_row(run)
 
 
-def list_runs(engine: Engine, kind: str | None = None, limit: int = 100) -> list[RunRow]:
+def list_runs(store: Engine, kind: str | None = None, limit: int = 100) -> list[RunRow]:
     """Newest runs first."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         q = select(ProbeRun).order_by(ProbeRun.id.desc()).limit(limit)
         if kind:
             q = q.where(ProbeRun.kind == kind)
         return [_run_row(r) for r in s.scalars(q)]
 
 
-def claim_next_run(engine: Engine, kinds: Sequence[str]) -> RunRow | None:
+def claim_next_run(store: Engine, kinds: Sequence[str]) -> RunRow | None:
     """Atomically move the oldest queued run of a handled kind to `running`."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         run = s.scalars(
             select(ProbeRun)
             .where(ProbeRun.status == "queued", ProbeRun.kind.in_(kinds))
@@ -90,9 +90,9 @@ def claim_next_run(engine: Engine, kinds: Sequence[str]) -> RunRow | None:
         return _run_row(run)
 
 
-def fail_unknown_runs(engine: Engine, kinds: Sequence[str]) -> int:
+def fail_unknown_runs(store: Engine, kinds: Sequence[str]) -> int:
     """Fail queued runs no handler exists for, so they do not wait forever."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         runs = s.scalars(
             select(ProbeRun).where(ProbeRun.status == "queued", ProbeRun.kind.not_in(kinds))
         ).all()
@@ -105,19 +105,19 @@ def fail_unknown_runs(engine: Engine, kinds: Sequence[str]) -> int:
         return len(runs)
 
 
-def update_run(engine: Engine, run_id: int, **values: Any) -> None:
+def update_run(store: Engine, run_id: int, **values: Any) -> None:
     """Write progress, summary or a final status of a run."""
     if "status" in values and values["status"] not in RUN_STATES:
         raise InvalidInput(f"unknown run status {values['status']!r}")
     if values.get("status") in ("done", "failed", "cancelled", "interrupted"):
         values.setdefault("finished_at", time.time())
-    with transaction(engine) as s:
+    with transaction(store) as s:
         s.execute(update(ProbeRun).where(ProbeRun.id == run_id).values(**values))
 
 
-def cancel_run(engine: Engine, run_id: int) -> None:
+def cancel_run(store: Engine, run_id: int) -> None:
     """Ask for a run to stop; a queued run is cancelled at once."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         run = s.get(ProbeRun, run_id)
         if run is None:
             raise NotFound(f"no probe run with id {run_id}")
@@ -127,9 +127,9 @@ def cancel_run(engine: Engine, run_id: int) -> None:
             run.cancel_requested = True
 
 
-def interrupt_running(engine: Engine, reason: str) -> int:
+def interrupt_running(store: Engine, reason: str) -> int:
     """Mark runs left `running` by a dead worker as interrupted."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         runs = s.scalars(select(ProbeRun).where(ProbeRun.status == "running")).all()
         for run in runs:
             run.status, run.error, run.finished_at = "interrupted", reason, time.time()

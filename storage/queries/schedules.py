@@ -19,49 +19,49 @@ from storage.tables import ProbeRun, ProbeSchedule, WorkloadProfileRow
 
 
 def add_schedule(
-    engine: Engine, target_id: int, kind: str, params: dict[str, Any], every_s: float
+    store: Engine, target_id: int, kind: str, params: dict[str, Any], every_s: float
 ) -> ScheduleRow:
     """Store a probe schedule (parameters validated by the caller)."""
     if every_s < 10:
         raise InvalidInput(f"a schedule runs at most every 10 s, not every {every_s:g} s")
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = ProbeSchedule(target_id=target_id, kind=kind, params=params, every_s=every_s)
         s.add(row)
         s.flush()
         return ScheduleRow.model_validate(row, from_attributes=True)
 
 
-def list_schedules(engine: Engine, enabled_only: bool = False) -> list[ScheduleRow]:
+def list_schedules(store: Engine, enabled_only: bool = False) -> list[ScheduleRow]:
     """Every probe schedule."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         q = select(ProbeSchedule).order_by(ProbeSchedule.id)
         if enabled_only:
             q = q.where(ProbeSchedule.enabled.is_(True))
         return [ScheduleRow.model_validate(r, from_attributes=True) for r in s.scalars(q)]
 
 
-def remove_schedule(engine: Engine, schedule_id: int) -> None:
+def remove_schedule(store: Engine, schedule_id: int) -> None:
     """Delete a probe schedule (its past runs stay)."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.get(ProbeSchedule, schedule_id)
         if row is None:
             raise NotFound(f"no probe schedule with id {schedule_id}")
         s.delete(row)
 
 
-def active_run_of_schedule(engine: Engine, schedule_id: int) -> bool:
+def active_run_of_schedule(store: Engine, schedule_id: int) -> bool:
     """Whether a run this schedule queued is still queued or running."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         runs = s.scalars(select(ProbeRun).where(ProbeRun.status.in_(ACTIVE_STATES))).all()
         return any(r.params.get("schedule_id") == schedule_id for r in runs)
 
 
-def save_profile(engine: Engine, name: str, profile: dict[str, Any]) -> None:
+def save_profile(store: Engine, name: str, profile: dict[str, Any]) -> None:
     """Store a workload profile under a name (validated by the caller)."""
-    upsert_by_name(engine, WorkloadProfileRow, name, profile=profile)
+    upsert_by_name(store, WorkloadProfileRow, name, profile=profile)
 
 
-def stored_profiles(engine: Engine) -> dict[str, dict[str, Any]]:
+def stored_profiles(store: Engine) -> dict[str, dict[str, Any]]:
     """Every stored workload profile by name."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         return {r.name: dict(r.profile) for r in s.scalars(select(WorkloadProfileRow))}

@@ -16,7 +16,7 @@ from storage.tables import Rollup, Sample, Series
 
 
 def series_points(
-    engine: Engine,
+    store: Engine,
     target_id: int,
     names: Iterable[str],
     start: float,
@@ -64,7 +64,7 @@ def series_points(
             )
             .order_by(Rollup.series_id, Rollup.ts)
         )
-    with engine.connect() as conn:
+    with store.connect() as conn:
         # Plain tuples: pandas probes each SQLAlchemy Row for attributes, which costs more
         # than the query.
         rows = [tuple(r) for r in conn.execute(q)]
@@ -74,9 +74,9 @@ def series_points(
     return pd.DataFrame(rows, columns=cols)
 
 
-def count_samples(engine: Engine, target_id: int | None = None) -> int:
+def count_samples(store: Engine, target_id: int | None = None) -> int:
     """How many raw samples are stored (for one target)."""
-    with engine.connect() as conn:
+    with store.connect() as conn:
         q = select(func.count()).select_from(Sample)
         if target_id is not None:
             q = q.join(Series, Series.id == Sample.series_id).where(Series.target_id == target_id)

@@ -12,9 +12,9 @@ from storage.db import session_factory, transaction
 from storage.tables import WorkerState
 
 
-def put_state(engine: Engine, key: str, value: dict[str, Any]) -> None:
+def put_state(store: Engine, key: str, value: dict[str, Any]) -> None:
     """Publish a small fact (heartbeat, GPU state) for the console."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         row = s.get(WorkerState, key)
         if row is None:
             s.add(WorkerState(key=key, value=value, updated_at=time.time()))
@@ -22,8 +22,8 @@ def put_state(engine: Engine, key: str, value: dict[str, Any]) -> None:
             row.value, row.updated_at = value, time.time()
 
 
-def get_state(engine: Engine, key: str) -> tuple[dict[str, Any], float] | None:
+def get_state(store: Engine, key: str) -> tuple[dict[str, Any], float] | None:
     """A published fact and when it was written."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         row = s.get(WorkerState, key)
         return (dict(row.value), row.updated_at) if row else None

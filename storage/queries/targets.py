@@ -30,10 +30,10 @@ def parse_target(data: dict[str, Any]) -> TargetIn:
         raise InvalidInput(validation_message(err)) from err
 
 
-def add_target(engine: Engine, spec: TargetIn) -> TargetRow:
+def add_target(store: Engine, spec: TargetIn) -> TargetRow:
     """Store a new target; its name must be free."""
     try:
-        with transaction(engine) as s:
+        with transaction(store) as s:
             t = Target(**spec.model_dump())
             s.add(t)
             s.flush()
@@ -41,15 +41,15 @@ def add_target(engine: Engine, spec: TargetIn) -> TargetRow:
     except Conflict as err:
         raise InvalidInput(f"a target named {spec.name!r} already exists") from err
     record_event(
-        engine, "target_added", f"target {spec.name} added ({spec.base_url})", target_id=row.id
+        store, "target_added", f"target {spec.name} added ({spec.base_url})", target_id=row.id
     )
     return row
 
 
-def update_target(engine: Engine, name: str, spec: TargetIn) -> TargetRow:
+def update_target(store: Engine, name: str, spec: TargetIn) -> TargetRow:
     """Change a target's settings; its history stays."""
     try:
-        with transaction(engine) as s:
+        with transaction(store) as s:
             t = _find(s, name)
             url_changed = t.base_url != spec.base_url
             for key, value in spec.model_dump().items():
@@ -62,31 +62,31 @@ def update_target(engine: Engine, name: str, spec: TargetIn) -> TargetRow:
         raise InvalidInput(f"a target named {spec.name!r} already exists") from err
 
 
-def remove_target(engine: Engine, name: str) -> None:
+def remove_target(store: Engine, name: str) -> None:
     """Delete a target with its series, samples and events."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         t = _find(s, name)
         s.delete(t)
 
 
-def list_targets(engine: Engine, enabled_only: bool = False) -> list[TargetRow]:
+def list_targets(store: Engine, enabled_only: bool = False) -> list[TargetRow]:
     """All targets, by name."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         q = select(Target).order_by(Target.name)
         if enabled_only:
             q = q.where(Target.enabled.is_(True))
         return [_target_row(t) for t in s.scalars(q)]
 
 
-def get_target(engine: Engine, key: str | int) -> TargetRow:
+def get_target(store: Engine, key: str | int) -> TargetRow:
     """One target by id (an int), or by name (a str; digits fall back to the id)."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         return _target_row(_find(s, key))
 
 
-def find_target_by_url(engine: Engine, base_url: str) -> TargetRow | None:
+def find_target_by_url(store: Engine, base_url: str) -> TargetRow | None:
     """The stored target with this base URL, if any."""
-    with session_factory(engine)() as s:
+    with session_factory(store)() as s:
         t = s.scalars(select(Target).where(Target.base_url == base_url)).first()
         return _target_row(t) if t else None
 
@@ -107,7 +107,7 @@ def _find(s: Session, key: str | int) -> Target:
 
 
 def set_target_health(
-    engine: Engine,
+    store: Engine,
     target_id: int,
     *,
     ok: bool,
@@ -117,7 +117,7 @@ def set_target_health(
     model_name: str | None = None,
 ) -> tuple[str, str]:
     """Record a scrape outcome; return (previous health, new health) for event decisions."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         t = s.get(Target, target_id)
         if t is None:
             raise NotFound(f"target {target_id} no longer exists")
@@ -150,7 +150,7 @@ def _int(v: str | None) -> int | None:
 
 
 def upsert_managed_target(
-    engine: Engine,
+    store: Engine,
     name: str,
     base_url: str,
     enabled: bool,
@@ -158,7 +158,7 @@ def upsert_managed_target(
     message: str | None = None,
 ) -> int:
     """The target a managed engine is scraped as; created on first start."""
-    with transaction(engine) as s:
+    with transaction(store) as s:
         t = s.scalars(select(Target).where(Target.name == name)).first()
         if t is None:
             t = Target(name=name, base_url=base_url, managed=True)
