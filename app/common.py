@@ -1,4 +1,5 @@
-"""Shared console plumbing: settings, the cached store, cached reads and common widgets.
+"""Shared console plumbing: the pages' error boundary, settings, the cached store, cached
+reads and common widgets.
 
 Only `app/` imports Streamlit. Reads are cached briefly (`st.cache_data`) and keyed by the
 database URL, so several consoles or tests with different stores never mix.
@@ -6,17 +7,25 @@ database URL, so several consoles or tests with different stores never mix.
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import ParamSpec
 
 import pandas as pd
 import streamlit as st
 from sqlalchemy import Engine
+from streamlit.errors import FragmentHandledException
 
+from planner.errors import KvscopeError
 from storage import dashboards, queries
 from storage.db import open_store
 from storage.schemas import AlertRow, EventRow, RunRow, TargetRow
 from storage.settings import Settings
+
+log = logging.getLogger(__name__)
 
 WINDOWS: dict[str, float] = {
     "15 minutes": 900,
@@ -26,6 +35,36 @@ WINDOWS: dict[str, float] = {
     "7 days": 7 * 86400,
     "30 days": 30 * 86400,
 }
+
+
+P = ParamSpec("P")
+
+PAGE_FAILED = "Something went wrong on this page; the details are in the console's log."
+
+
+def error_boundary(render: Callable[P, None]) -> Callable[P, None]:
+    """The console's one error boundary, around every page (app/main.py) and every live
+    panel (under `st.fragment`, which reruns without its page).
+
+    A `KvscopeError` is for the user to act on: shown as is. Anything else is a bug: its
+    traceback goes to the console's log, the page shows one short line. `st.rerun()` and
+    `st.stop()` raise Streamlit's BaseException-derived control flow, which `except
+    Exception` never sees; a fragment's error Streamlit has already shown passes through.
+    """
+
+    @functools.wraps(render)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            render(*args, **kwargs)
+        except KvscopeError as err:
+            st.error(str(err))
+        except FragmentHandledException:
+            raise
+        except Exception:
+            log.exception("page %s.%s failed", render.__module__, render.__qualname__)
+            st.error(PAGE_FAILED)
+
+    return guarded
 
 
 def settings() -> Settings:

@@ -21,8 +21,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from benchmarks.storage import fill_history
-from probes.alerts import AlertEvaluator
-from probes.rules import DEFAULT_RULES
+from probes.alerting.evaluate import AlertEvaluator
+from probes.alerting.rules import DEFAULT_RULES
 from storage import queries as q
 from storage.db import open_store
 from storage.ingest import Point, SampleWriter

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.engine import build_tiny_model, embedded_spec
-from probes.manager import group_pids
+from probes.engine import group_pids
+from probes.engine.spec import build_tiny_model, embedded_spec
 from storage import queries as q
 from storage.db import open_store
 from storage.settings import Settings

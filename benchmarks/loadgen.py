@@ -27,8 +27,15 @@ from pathlib import Path
 
 import httpx
 
-from probes.loadgen import Arrival, Endpoint, RequestSpec, new_client, percentiles, run_open_loop
-from probes.workloads import FixedProfile, PromptBuilder
+from probes.load.generator import (
+    Arrival,
+    RequestSpec,
+    new_client,
+    percentiles,
+    run_open_loop,
+)
+from probes.load.workloads import FixedProfile, PromptBuilder
+from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 
 ROOT = Path(__file__).resolve().parents[1]
 # `--transport httpx` measures httpx's default stack, the reason probes/http1.py exists.
@@ -80,7 +87,7 @@ def start_fake(core: int) -> tuple[subprocess.Popen[str], str]:
 async def build_prompts(url: str, n: int) -> list[RequestSpec]:
     """`n` prompts of exactly PROMPT_TOKENS tokens (by the server's /tokenize)."""
     async with new_client() as client:
-        builder = PromptBuilder(client, url, "tiny-llama", seed=1)
+        builder = PromptBuilder(AsyncVllmClient(Target(url), client), "tiny-llama", seed=1)
         profile = FixedProfile(prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS)
         return await builder.build(profile.shapes(n))
 
@@ -102,7 +109,7 @@ async def one_run(
         if r.first_token_ts is not None and r.sent_ts is not None
     ]
     return Figures(
-        lateness_p99_ms=(s.lateness_s["p99"] or 0.0) * 1000,
+        lateness_p99_ms=(s.lateness_s.p99 or 0.0) * 1000,
         ttft_p50_ms=(s.ttft_s.p50 or 0.0) * 1000,
         ttft_sent_p50_ms=(percentiles(sent_ttft).p50 or 0.0) * 1000,
         achieved_rps=s.requests_per_s,
@@ -167,7 +174,7 @@ def vllm_bench(url: str, rate: float, core: int, args: argparse.Namespace) -> di
     with tempfile.TemporaryDirectory(dir=data / "tmp") as out:
         cmd = [
             str(args.engine_python),
-            str(ROOT / "probes" / "vllm_entry.py"),
+            str(ROOT / "probes" / "engine" / "venv" / "vllm_entry.py"),
             "bench",
             "serve",
             "--backend=openai",

@@ -12,7 +12,7 @@ import streamlit as st
 from app import common
 from app.exports import grafana_dashboard_json, prometheus_rules_yaml
 from planner.errors import KvscopeError
-from probes.rules import DEFAULT_RULES, RuleKind, parse_rule
+from probes.alerting.rules import DEFAULT_RULES, ParsedRules, RuleKind, parse_rule, rules_from_rows
 from storage import queries
 
 
@@ -24,19 +24,21 @@ def render() -> None:
     queries.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES])
     _open()
     rules = queries.list_rules(store)
+    parsed = rules_from_rows(rules)
     st.subheader("Rules")
     st.dataframe(
-        pd.DataFrame([_rule_row(rid, data) for rid, data in rules]),
+        pd.DataFrame([_rule_row(rid, data, parsed) for rid, data in rules]),
         hide_index=True,
         width="stretch",
     )
     with st.expander("Change, add or remove a rule"):
         _editor(rules)
     _history()
-    _exports(rules)
+    _exports(parsed)
 
 
 @st.fragment(run_every=5.0)
+@common.error_boundary
 def _open() -> None:
     firing = queries.open_alerts(common.store())
     st.subheader(f"Firing now ({len(firing)})")
@@ -62,11 +64,9 @@ def _open() -> None:
     )
 
 
-def _rule_row(rule_id: int, data: dict[str, Any]) -> dict[str, Any]:
-    try:
-        words = parse_rule(data).describe()
-    except KvscopeError as err:
-        words = f"invalid: {err}"
+def _rule_row(rule_id: int, data: dict[str, Any], parsed: ParsedRules) -> dict[str, Any]:
+    rule = parsed.valid.get(rule_id)
+    words = rule.describe() if rule is not None else f"invalid: {parsed.invalid[rule_id]}"
     return {
         "id": rule_id,
         "name": data["name"],
@@ -171,18 +171,12 @@ def _history() -> None:
     )
 
 
-def _exports(rules: list[tuple[int, dict[str, Any]]]) -> None:
+def _exports(parsed: ParsedRules) -> None:
     st.subheader("For Prometheus and Grafana")
-    parsed = []
-    for _, data in rules:
-        try:
-            parsed.append(parse_rule(data))
-        except KvscopeError:
-            continue
     c1, c2 = st.columns(2)
     c1.download_button(
         "Prometheus alerting rules (YAML)",
-        prometheus_rules_yaml(parsed),
+        prometheus_rules_yaml(list(parsed.valid.values())),
         file_name="kvscope-rules.yml",
         mime="application/yaml",
     )

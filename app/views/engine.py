@@ -18,7 +18,7 @@ from app import common
 from planner.errors import KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
-from probes.engine import DTYPES, KV_DTYPES, EngineSpec, parse_env_items, parse_spec
+from probes.engine.spec import DTYPES, KV_DTYPES, EngineSpec, parse_env_items, parse_spec
 from storage import dashboards, queries
 
 
@@ -54,6 +54,7 @@ def render() -> None:
 
 
 @st.fragment(run_every=2.0)
+@common.error_boundary
 def _status(name: str) -> None:
     view = dashboards.engine_view(common.store(), name)
     state = view.state

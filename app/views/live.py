@@ -30,6 +30,7 @@ def render() -> None:
 
 def _charts(target: TargetRow, window: float) -> None:
     @st.fragment(run_every=_refresh_s(window))
+    @common.error_boundary
     def panel() -> None:
         start, end = common.window_now(window, _refresh_s(window))
         frame = common.live(common.db_url(), target.id, start, end)

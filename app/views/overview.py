@@ -13,6 +13,7 @@ REFRESH_S = 5.0
 
 
 @st.fragment(run_every=REFRESH_S)
+@common.error_boundary
 def _panel() -> None:
     url = common.db_url()
     rows = common.overview(url)

@@ -2,7 +2,8 @@
 
 Thin by design: read widgets, call planner functions, render app/charts/planner.py figures.
 Every number carries a one-line explanation (help= or a caption). Errors a user can fix
-arrive as KvscopeError and are shown with st.error.
+arrive as KvscopeError: the console's error boundary (app/common.py) shows them, and the
+page catches one itself only where the sections above it stay worth seeing.
 """
 
 from __future__ import annotations
@@ -468,7 +469,8 @@ def _what_to_buy(req: PlanRequest, plan: CapacityPlan) -> None:
     )
 
 
-def _page() -> None:
+def render() -> None:
+    """The Planner page; a KvscopeError raised here reaches the console's error boundary."""
     st.title("Planner")
     st.caption(
         "KV cache capacity as vLLM allocates it: budget = memory x utilization minus "
@@ -505,11 +507,3 @@ def _page() -> None:
     _side_by_side(req)
     st.subheader("What to buy")
     _what_to_buy(req, plan)
-
-
-def render() -> None:
-    """The Planner page."""
-    try:
-        _page()
-    except KvscopeError as err:
-        st.error(str(err))

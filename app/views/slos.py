@@ -49,6 +49,7 @@ def render() -> None:
 
 
 @st.fragment(run_every=10.0)
+@common.error_boundary
 def _reports() -> None:
     reports = slo_reports(common.store())
     if not reports:

@@ -32,6 +32,7 @@ def _charts(target: TargetRow, window: float) -> None:
     refresh = 5.0 if window <= 6 * 3600 else 60.0
 
     @st.fragment(run_every=refresh)
+    @common.error_boundary
     def panel() -> None:
         start, end = common.window_now(window, refresh)
         frames = common.tail(common.db_url(), target.id, start, end)

@@ -131,6 +131,7 @@ def _queue_check(r: TargetRow) -> None:
 
 
 @st.fragment(run_every=1.0)
+@common.error_boundary
 def _check_result() -> None:
     pending = st.session_state.get("check_run")
     if not pending:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from planner.errors import KvscopeError
 from planner.stats import linear_trend
-from probes.rules import MIN_COUNT, AlertRule, RuleKind, parse_rule
+from probes.alerting.rules import MIN_COUNT, AlertRule, RuleKind, rules_from_rows
 from storage import derived as d
 from storage import queries as q
 from storage.schemas import TargetRow
@@ -175,11 +175,9 @@ class AlertEvaluator:
         global_bounds, target_bounds = _slo_bounds(self.store)
         firing = {(a.rule_id, a.target_id): a for a in q.alerts(self.store, state="firing")}
         out = Transition([], [])
-        for rule_id, data in q.list_rules(self.store):
-            try:
-                rule = parse_rule(data)
-            except KvscopeError:
-                continue  # an edit the page refused never reaches the store; be safe anyway
+        # A row that does not validate is skipped: the page refuses such edits, but the
+        # store may hold one written by hand or by another version; the Alerts page shows it.
+        for rule_id, rule in rules_from_rows(q.list_rules(self.store)).valid.items():
             if not rule.enabled:
                 scope: list[TargetRow] = []
             elif rule.target:

@@ -1,13 +1,15 @@
 """Early-warning alert rules: what each kind watches, its defaults, and a user's edits.
 
 One definition serves the worker's evaluator (`probes/alerts.py`, on kvscope's stored
-series) and the exports for teams that alert with Prometheus (`app/exports.py`). Every
+series) and the exports for teams that alert with Prometheus (`app/exports/`). Every
 rule has a threshold, a duration (`for_s`: how long the condition must hold before it
 fires), a window for the rates, slopes and quantiles it looks at, and a severity.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -44,7 +46,7 @@ DESCRIPTIONS: dict[RuleKind, str] = {
     RuleKind.P99_OVER_SLO: "{metric} p99 above {threshold:g} s over {window}",
     RuleKind.OUTPUT_TAIL: "p99 output length over {window} more than {threshold:g}x the "
     "window before",
-    RuleKind.TARGET_DOWN: "the target does not answer its /metrics",
+    RuleKind.TARGET_DOWN: "the target does not answer its metrics scrape",
     RuleKind.ENGINE_RESTARTING: "the managed engine crashed or restarted at least "
     "{threshold:g} times in {window}",
 }
@@ -105,6 +107,28 @@ def parse_rule(data: dict[str, Any]) -> AlertRule:
         return AlertRule.model_validate(data)
     except ValidationError as err:
         raise InvalidInput(f"alert rule refused: {validation_message(err)}") from err
+
+
+@dataclass(frozen=True)
+class ParsedRules:
+    """Stored rules by their id, in stored order: those that validate, and why the others
+    do not (a row written by hand or by another kvscope version)."""
+
+    valid: dict[int, AlertRule]
+    invalid: dict[int, str]
+
+
+def rules_from_rows(rows: Iterable[tuple[int, dict[str, Any]]]) -> ParsedRules:
+    """Parse stored `(id, data)` rows; an invalid row is set aside with its reason, so one
+    bad rule never stops the evaluator, the exports or the Alerts page."""
+    valid: dict[int, AlertRule] = {}
+    invalid: dict[int, str] = {}
+    for rule_id, data in rows:
+        try:
+            valid[rule_id] = parse_rule(data)
+        except InvalidInput as err:
+            invalid[rule_id] = str(err)
+    return ParsedRules(valid, invalid)
 
 
 DEFAULT_RULES: tuple[AlertRule, ...] = (

@@ -21,11 +21,12 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import EngineError, InvalidInput, validation_message
-from probes.tinymodel import TinyParams, command, is_complete
+from probes.engine.venv.tinymodel import TinyParams, command, is_complete
+from probes.vllm.client import Target
 from storage.schemas import NAME_RE
 from storage.settings import Settings
 
-ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
+ENTRY = Path(__file__).resolve().parent / "venv" / "vllm_entry.py"
 CPU_BLOCK_MULTIPLE = 32
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 KvDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -102,6 +103,22 @@ class EngineSpec(BaseModel):
         if not (self.python or self.vllm):
             raise ValueError("name the engine's python (its venv) or a vllm executable")
         return self
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the engine demands on its /v1 routes (`--api-key` or `VLLM_API_KEY`)."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            if arg == "--api-key" and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith("--api-key="):
+                return arg.split("=", 1)[1]
+        return self.env.get("VLLM_API_KEY") or None
+
+    @property
+    def target(self) -> Target:
+        """Where the engine answers, with the key it wants."""
+        return Target(self.base_url, self.api_key)
 
     @property
     def served_name(self) -> str:
@@ -268,7 +285,7 @@ def embedded_spec(settings: Settings) -> EngineSpec:
     One engine process instead of two (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so vLLM runs the
     model inside its engine-core process): with a separate model worker the engine core
     busy-polls for the worker's results, and on a 2-core machine that starves the API server,
-    which then answers /metrics only between requests and streams tokens in bursts.
+    which then answers metrics scrapes only between requests and streams tokens in bursts.
     """
     return EngineSpec(
         name="embedded",

@@ -8,21 +8,37 @@ keeps adding latency (the peak of throughput / latency): past it, the engine mos
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from probes.probe import ProbeContext, ProbeParams, Sampler, rounded
-from probes.workloads import FixedProfile, Profile, parse_profile
-
-KIND = "batch_sweep"
+from probes.kinds.chart import Axis, Chart, Color, Mark, Trace
+from probes.kinds.context import (
+    Figures,
+    ProbeContext,
+    ProbeParams,
+    ProbeProgress,
+    ProbeResult,
+    Sampler,
+)
+from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
+from probes.load.generator import Percentiles
+from probes.load.workloads import FixedProfile, Profile, parse_profile
 
 
 class Params(ProbeParams):
     """The concurrencies to try (a list, or powers of two up to a maximum) and the requests."""
 
-    concurrencies: list[int] | None = None
-    max_concurrency: int = Field(64, ge=1, le=4096)
+    concurrencies: list[int] | None = Field(
+        None, description="concurrencies to try (default: 1, 2, 4 ... max_concurrency)"
+    )
+    max_concurrency: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="largest concurrency (without a list, the sweep stops two steps past the knee)",
+    )
     requests_per_step: int | None = Field(None, ge=1, description="default: 2 x concurrency")
     stop_past_knee: int = Field(
         2,
@@ -59,82 +75,121 @@ class Params(ProbeParams):
         return FixedProfile(prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
 
 
-def find_knee(steps: list[dict[str, Any]]) -> dict[str, Any]:
+class Step(Figures):
+    """One concurrency: what it gave and what it cost."""
+
+    concurrency: int
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float
+    ttft_s: Percentiles = Percentiles()
+    itl_s: Percentiles = Percentiles()
+    e2e_s: Percentiles
+    kv_usage_peak: float | None = None
+    preemptions: float | None = None
+
+    @property
+    def power(self) -> float | None:
+        """Output tokens/s per second of E2E p50: Kleinrock's power."""
+        if not self.output_tokens_per_s or not self.e2e_s.p50:
+            return None
+        return self.output_tokens_per_s / self.e2e_s.p50
+
+
+class Knee(Figures):
+    """Where more concurrency stops buying throughput; the sentence says why."""
+
+    concurrency: int | None
+    power: float | None
+    gain: float | None = None
+    latency_growth: float | None = None
+    message: str
+
+
+class Progress(ProbeProgress):
+    """The steps measured so far."""
+
+    steps: list[Step] = Field(default_factory=list)
+
+
+class Result(ProbeResult):
+    """Every step and the knee."""
+
+    steps: list[Step]
+    knee: Knee
+
+
+def find_knee(steps: Sequence[Step]) -> Knee:
     """The concurrency with the most throughput per unit of latency (Kleinrock's power:
     output tokens/s divided by E2E p50). Before it, more requests in flight buy throughput;
-    past it, they mostly buy queueing. Each step needs `concurrency`, `output_tokens_per_s`
-    and `e2e_s.p50`; the sentence says what the next step would cost.
+    past it, they mostly buy queueing. The sentence says what the next step would cost.
     """
-    usable = [s for s in steps if s.get("output_tokens_per_s") and s["e2e_s"].get("p50")]
+    usable = [(s, p) for s in steps if (p := s.power) is not None]
     if not usable:
-        return {"concurrency": None, "power": None, "message": "no step produced tokens"}
-    powers = [s["output_tokens_per_s"] / s["e2e_s"]["p50"] for s in usable]
-    i = max(range(len(usable)), key=powers.__getitem__)
-    knee = usable[i]
+        return Knee(concurrency=None, power=None, message="no step produced tokens")
+    i = max(range(len(usable)), key=lambda j: usable[j][1])
+    knee, power = usable[i]
     if i == len(usable) - 1:
-        return {
-            "concurrency": None,
-            "power": powers[i],
-            "message": (
-                f"no knee up to concurrency {knee['concurrency']}: throughput still grows faster "
+        return Knee(
+            concurrency=None,
+            power=power,
+            message=(
+                f"no knee up to concurrency {knee.concurrency}: throughput still grows faster "
                 "than latency there; sweep further to find it"
             ),
-        }
-    nxt = usable[i + 1]
-    gain = nxt["output_tokens_per_s"] / knee["output_tokens_per_s"] - 1
-    growth = nxt["e2e_s"]["p50"] / knee["e2e_s"]["p50"] - 1
-    return {
-        "concurrency": knee["concurrency"],
-        "power": powers[i],
-        "gain": gain,
-        "latency_growth": growth,
-        "message": (
-            f"knee at concurrency {knee['concurrency']}: going to {nxt['concurrency']} "
+        )
+    nxt = usable[i + 1][0]
+    assert knee.e2e_s.p50 is not None and nxt.e2e_s.p50 is not None  # both have a power
+    gain = nxt.output_tokens_per_s / knee.output_tokens_per_s - 1
+    growth = nxt.e2e_s.p50 / knee.e2e_s.p50 - 1
+    return Knee(
+        concurrency=knee.concurrency,
+        power=power,
+        gain=gain,
+        latency_growth=growth,
+        message=(
+            f"knee at concurrency {knee.concurrency}: going to {nxt.concurrency} "
             f"adds {gain:+.0%} throughput but {growth:+.0%} E2E p50 latency"
         ),
-    }
+    )
 
 
-def _past_knee(steps: list[dict[str, Any]], n: int) -> bool:
+def past_knee(steps: Sequence[Step], n: int) -> bool:
     """Whether throughput per unit of latency fell in each of the last `n` steps."""
-    powers = [
-        s["output_tokens_per_s"] / s["e2e_s"]["p50"]
-        for s in steps
-        if s.get("output_tokens_per_s") and s["e2e_s"].get("p50")
-    ]
+    powers = [p for s in steps if (p := s.power) is not None]
     return len(powers) > n and all(b < a for a, b in itertools.pairwise(powers[-n - 1 :]))
 
 
-async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
+async def run(ctx: ProbeContext, params: Params) -> Result:
     """Run the probe."""
     concurrencies = params.steps()
-    steps: list[dict[str, Any]] = []
+    steps: list[Step] = []
     for i, c in enumerate(concurrencies):
         ctx.check_cancel()
         n = params.requests_per_step or max(8, 2 * c)
         ctx.report(
-            i / len(concurrencies), {"phase": f"concurrency {c}: {n} requests", "steps": steps}
+            i / len(concurrencies), Progress(phase=f"concurrency {c}: {n} requests", steps=steps)
         )
         specs = await ctx.profile_prompts(params.workload(), n, params.seed + i, params.api)
         async with Sampler(ctx) as sampler:
             result = await ctx.closed_loop(params, specs, c)
         ctx.sink(result.records, f"concurrency={c}")
-        s = result.summary().as_dict()
+        s = result.summary()
         steps.append(
-            rounded(
-                {
-                    "concurrency": c,
-                    "requests": s["requests"],
-                    "ok": s["ok"],
-                    "errors": s["errors"],
-                    "requests_per_s": s["requests_per_s"],
-                    "output_tokens_per_s": s["output_tokens_per_s"],
-                    "ttft_s": s["ttft_s"],
-                    "itl_s": s["itl_s"],
-                    "e2e_s": s["e2e_s"],
-                    "kv_usage_peak": sampler.peak("kv_usage"),
-                    "preemptions": sampler.increase("preemptions_total"),
-                }
+            Step(
+                concurrency=c,
+                requests=s.requests,
+                ok=s.ok,
+                errors=s.errors,
+                requests_per_s=s.requests_per_s,
+                output_tokens_per_s=s.output_tokens_per_s,
+                ttft_s=s.ttft_s,
+                itl_s=s.itl_s,
+                e2e_s=s.e2e_s,
+                kv_usage_peak=sampler.peak("kv_usage"),
+                preemptions=sampler.increase("preemptions_total"),
             )
         )
         if result.stopped == "cancelled":
@@ -142,9 +197,82 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         if (
             params.concurrencies is None
             and params.stop_past_knee
-            and _past_knee(steps, params.stop_past_knee)
+            and past_knee(steps, params.stop_past_knee)
         ):
             break  # the knee is behind us: larger batches would only take longer
-    knee = find_knee(steps)
-    ctx.report(1.0, {"phase": "done", "steps": steps})
-    return {"steps": steps, "knee": rounded(knee)}
+    ctx.report(1.0, Progress(phase="done", steps=steps))
+    return Result(steps=steps, knee=find_knee(steps))
+
+
+def steps_chart(steps: Sequence[Step], knee: int | None) -> Chart:
+    """Throughput and latency against concurrency, the knee marked."""
+    c = [s.concurrency for s in steps]
+    traces = [Trace("output tokens/s", c, [s.output_tokens_per_s for s in steps], "lines+markers")]
+    lines: tuple[tuple[str, Color], ...] = (("p50", "c1"), ("p99", "c2"))
+    for q, color in lines:
+        traces.append(
+            Trace(
+                f"E2E {q} (s)",
+                c,
+                [getattr(s.e2e_s, q) for s in steps],
+                "lines+markers",
+                axis="y2",
+                color=color,
+                dash="dot",
+            )
+        )
+    marks = [Mark(knee, f"knee: {knee}")] if knee is not None else []
+    return Chart(
+        title="Throughput against latency",
+        x=Axis("concurrency", log=True, ticks=[float(x) for x in c]),
+        y=Axis("output tokens/s", from_zero=True),
+        y2=Axis("E2E latency (s)"),
+        traces=traces,
+        marks=marks,
+    )
+
+
+def table(r: Result) -> list[Row]:
+    """One row per concurrency."""
+    return dump_rows(
+        r.steps,
+        (
+            "concurrency",
+            "requests_per_s",
+            "output_tokens_per_s",
+            "ttft_s.p50",
+            "itl_s.p50",
+            "e2e_s.p50",
+            "e2e_s.p99",
+            "kv_usage_peak",
+            "preemptions",
+        ),
+    )
+
+
+KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
+    name="batch_sweep",
+    title="Batch sweep",
+    command="sweep",
+    summary="Throughput against latency at growing concurrency, and where the knee is.",
+    params=Params,
+    result=Result,
+    progress=Progress,
+    run=run,
+    form=(
+        FormField("max_concurrency", "largest concurrency"),
+        FormField("prompt_tokens", "prompt tokens"),
+        FormField("output_tokens", "output tokens"),
+    ),
+    cli=(
+        CliOption("concurrencies", flag="concurrency"),
+        CliOption("max_concurrency"),
+        CliOption("requests_per_step"),
+        CliOption("prompt_tokens"),
+        CliOption("output_tokens"),
+    ),
+    chart=lambda r: steps_chart(r.steps, r.knee.concurrency),
+    partial_chart=lambda p: steps_chart(p.steps, None) if p.steps else None,
+    headline=lambda r: r.knee.message,
+    table=table,
+)

@@ -8,26 +8,25 @@ pass: the rate it reports may not be the rate the engine saw.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, model_validator
 
-from probes import latency
-from probes.probe import ProbeContext, rounded
-
-KIND = "capacity"
+from probes.kinds import latency
+from probes.kinds.chart import Axis, Chart, Mark, Trace
+from probes.kinds.context import Figures, ProbeContext, ProbeProgress, ProbeResult
+from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
+from probes.load.generator import Percentiles
 
 
 class Params(latency.Params):
     """A latency run per rate, plus the promise and the search bounds."""
 
-    ttft_slo_s: float = Field(gt=0)  # required here
-    tpot_slo_s: float = Field(gt=0)
+    ttft_slo_s: float = Field(gt=0, description="TTFT bound, seconds")  # required here
+    tpot_slo_s: float = Field(gt=0, description="TPOT bound, seconds")
     share: float = Field(0.9, gt=0, le=1, description="share of requests inside both bounds")
-    start_rate: float = Field(1.0, gt=0)
-    max_rate: float = Field(64.0, gt=0)
+    start_rate: float = Field(1.0, gt=0, description="first rate tried, requests per second")
+    max_rate: float = Field(64.0, gt=0, description="highest rate tried")
     iterations: int = Field(3, ge=0, le=10, description="bisection steps after bracketing")
-    duration_s: float = Field(20.0, gt=0, le=3600)
+    duration_s: float = Field(20.0, gt=0, le=3600, description="seconds per rate")
 
     @model_validator(mode="after")
     def _bounds(self) -> Params:
@@ -36,9 +35,49 @@ class Params(latency.Params):
         return self
 
 
-async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
+class Step(Figures):
+    """One rate tried."""
+
+    rate: float
+    slo_share: float | None
+    passed: bool
+    trustworthy: bool
+    requests: int
+    errors: int
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    requests_per_s: float
+
+
+class Slo(Figures):
+    """The promise searched for."""
+
+    ttft_s: float
+    tpot_s: float
+    share: float
+
+
+class Progress(ProbeProgress):
+    """The rates tried so far."""
+
+    steps: list[Step] = Field(default_factory=list)
+    share: float = 0.9
+
+
+class Result(ProbeResult):
+    """The highest rate that held, the first that broke, and every rate tried."""
+
+    capacity_rps: float | None
+    first_failing_rps: float | None
+    slo: Slo
+    steps: list[Step]
+    message: str
+
+
+async def run(ctx: ProbeContext, params: Params) -> Result:
     """Run the probe."""
-    steps: list[dict[str, Any]] = []
+    steps: list[Step] = []
+    untrusted: list[str] = []
     expected = 2 + params.iterations + max(0, int(params.max_rate / params.start_rate).bit_length())
 
     async def attempt(rate: float) -> bool:
@@ -46,33 +85,27 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         i = len(steps)
         share = (i / expected, min(1.0, (i + 1) / expected))
         m = await latency.measure(ctx, params, rate, f"rate={rate:g}", share, attempt=i)
-        if not m["trustworthy"]:
+        if not m.trustworthy:
             # The sender fell behind its schedule: the rate the engine saw is not `rate`.
-            untrusted.append(f"{rate:g} req/s ({m['reason']})")
-        passed = bool(
-            m["slo_share"] is not None and m["slo_share"] >= params.share and m["trustworthy"]
-        )
+            untrusted.append(f"{rate:g} req/s ({m.reason})")
+        passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
         steps.append(
-            rounded(
-                {
-                    "rate": rate,
-                    "slo_share": m["slo_share"],
-                    "passed": passed,
-                    "trustworthy": m["trustworthy"],
-                    "requests": m["requests"],
-                    "errors": m["errors"],
-                    "ttft_s": m["ttft_s"],
-                    "tpot_s": m["tpot_s"],
-                    "requests_per_s": m["requests_per_s"],
-                }
+            Step(
+                rate=rate,
+                slo_share=m.slo_share,
+                passed=passed,
+                trustworthy=m.trustworthy,
+                requests=m.requests,
+                errors=m.errors,
+                ttft_s=m.ttft_s,
+                tpot_s=m.tpot_s,
+                requests_per_s=m.requests_per_s,
             )
         )
-        ctx.report(
-            share[1], {"phase": f"rate {rate:g}: {'held' if passed else 'broke'}", "steps": steps}
-        )
+        phase = f"rate {rate:g}: {'held' if passed else 'broke'}"
+        ctx.report(share[1], Progress(phase=phase, steps=steps, share=params.share))
         return passed
 
-    untrusted: list[str] = []
     good: float | None = None
     bad: float | None = None
     rate = params.start_rate
@@ -90,7 +123,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
                 good = mid
             else:
                 bad = mid
-    ctx.report(1.0, {"phase": "done", "steps": steps})
+    ctx.report(1.0, Progress(phase="done", steps=steps, share=params.share))
     slo = (
         f"TTFT <= {params.ttft_slo_s:g} s and TPOT <= {params.tpot_slo_s:g} s for "
         f"{params.share:.0%} of requests"
@@ -107,10 +140,69 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
             + ", ".join(untrusted)
             + " (a busy client machine: raise lateness_limit_s or run it elsewhere)"
         )
-    return {
-        "capacity_rps": good,
-        "first_failing_rps": bad,
-        "slo": {"ttft_s": params.ttft_slo_s, "tpot_s": params.tpot_slo_s, "share": params.share},
-        "steps": steps,
-        "message": message,
-    }
+    return Result(
+        capacity_rps=good,
+        first_failing_rps=bad,
+        slo=Slo(ttft_s=params.ttft_slo_s, tpot_s=params.tpot_slo_s, share=params.share),
+        steps=steps,
+        message=message,
+    )
+
+
+def steps_chart(steps: list[Step], share: float) -> Chart:
+    """Share of requests inside the SLO at each rate tried, the required share marked."""
+    ordered = sorted(steps, key=lambda s: s.rate)
+    trace = Trace(
+        "inside the SLO",
+        [s.rate for s in ordered],
+        [s.slo_share for s in ordered],
+        mode="lines+markers",
+        point_colors=["good" if s.passed else "bad" for s in ordered],
+        size=10,
+    )
+    return Chart(
+        title="SLO compliance against request rate",
+        x=Axis("requests/s"),
+        y=Axis("share inside SLO", share=True),
+        traces=[trace],
+        marks=[Mark(share, f"required {share:.0%}", on="y")],
+    )
+
+
+def table(r: Result) -> list[Row]:
+    """The rates tried."""
+    keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
+    return dump_rows(r.steps, (*keys, "ttft_s.p99", "tpot_s.p99", "requests_per_s"))
+
+
+KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
+    name="capacity",
+    title="Capacity (SLO)",
+    command="capacity",
+    summary="The highest request rate at which the SLO holds (bracketing, then bisection).",
+    params=Params,
+    result=Result,
+    progress=Progress,
+    run=run,
+    form=(
+        FormField("ttft_slo_s", "TTFT bound (s)", 2.0),
+        FormField("tpot_slo_s", "TPOT bound (s)", 0.1),
+        FormField("share", "share inside both"),
+        FormField("duration_s", "seconds per rate"),
+    ),
+    cli=(
+        CliOption("ttft_slo_s", flag="ttft_slo"),
+        CliOption("tpot_slo_s", flag="tpot_slo"),
+        CliOption("share"),
+        CliOption("start_rate"),
+        CliOption("max_rate"),
+        CliOption("duration_s", flag="duration"),
+        CliOption("prompt_tokens"),
+        CliOption("output_tokens"),
+        CliOption("profile"),
+    ),
+    chart=lambda r: steps_chart(r.steps, r.slo.share),
+    partial_chart=lambda p: steps_chart(p.steps, p.share) if p.steps else None,
+    headline=lambda r: r.message,
+    table=table,
+)

@@ -8,39 +8,46 @@ requests: the gap is HTTP, streaming and client time, and it should be small.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from planner.errors import KvscopeError
-from probes.loadgen import Arrival, RunResult, percentiles
-from probes.probe import (
+from probes.kinds.chart import Axis, Chart, Trace
+from probes.kinds.context import (
+    Figures,
+    HistogramDelta,
     ProbeContext,
     ProbeParams,
+    ProbeProgress,
+    ProbeResult,
     Sampler,
     counter_delta,
     histogram_delta,
-    rounded,
 )
-from probes.workloads import FixedProfile, Profile, parse_profile
-
-KIND = "latency"
+from probes.kinds.contract import CliOption, FormField, ProbeKind, Row
+from probes.load.generator import Arrival, Percentiles, RunResult, Summary, percentiles
+from probes.load.workloads import FixedProfile, Profile, parse_profile
+from probes.vllm.metrics import ParsedScrape
 
 
 class Params(ProbeParams):
     """A rate for a duration, with a workload: a profile, or fixed prompt/output lengths."""
 
     rate: float = Field(1.0, gt=0, le=10_000, description="requests per second")
-    duration_s: float = Field(30.0, gt=0, le=24 * 3600)
-    arrival: Literal["poisson", "constant", "gamma"] = "poisson"
+    duration_s: float = Field(30.0, gt=0, le=24 * 3600, description="seconds of arrivals")
+    arrival: Literal["poisson", "constant", "gamma"] = Field(
+        "poisson", description="poisson, constant or gamma"
+    )
     cv: float = Field(1.0, gt=0, description="gamma arrivals: coefficient of variation")
-    profile: str | dict[str, Any] | None = None
-    prompt_tokens: int | None = Field(None, ge=1)
-    output_tokens: int | None = Field(None, ge=1)
+    profile: str | dict[str, Any] | None = Field(
+        None, description="a workload profile instead of fixed lengths"
+    )
+    prompt_tokens: int | None = Field(None, ge=1, description="fixed prompt length")
+    output_tokens: int | None = Field(None, ge=1, description="fixed answer length")
     max_requests: int | None = Field(None, ge=1)
-    ttft_slo_s: float | None = Field(None, gt=0)
-    tpot_slo_s: float | None = Field(None, gt=0)
+    ttft_slo_s: float | None = Field(None, gt=0, description="TTFT bound, seconds")
+    tpot_slo_s: float | None = Field(None, gt=0, description="TPOT bound, seconds")
     lateness_limit_s: float = Field(0.010, gt=0)
 
     @model_validator(mode="after")
@@ -58,6 +65,42 @@ class Params(ProbeParams):
         )
 
 
+class EngineView(Figures):
+    """The engine's own histograms over the run's requests (bucket-interpolated)."""
+
+    ttft: HistogramDelta
+    itl: HistogramDelta
+    tpot: HistogramDelta
+    e2e: HistogramDelta
+    queue_time: HistogramDelta
+    preemptions: float | None = None
+
+    @field_validator("preemptions", mode="before")
+    @classmethod
+    def _count(cls, value: object) -> object:
+        # Runs stored before typed results kept {"count": n} here.
+        return value.get("count") if isinstance(value, dict) else value
+
+
+class Measurement(Summary):
+    """One open-loop run at a rate: the client's figures, the engine's, KV and queue peaks."""
+
+    rate: float
+    planned: int
+    stopped: str
+    ttft_from_send_s: Percentiles
+    kv_usage_peak: float | None = None
+    running_peak: float | None = None
+    waiting_peak: float | None = None
+    preemptions: float | None = None
+    engine: EngineView | None = None
+    ttft_gap_p50_s: float | None = None
+
+
+class Result(Measurement, ProbeResult):
+    """The latency probe's result: one measurement."""
+
+
 async def measure(
     ctx: ProbeContext,
     params: Params,
@@ -65,7 +108,7 @@ async def measure(
     step: str,
     share: tuple[float, float] = (0.0, 1.0),
     attempt: int = 0,
-) -> dict[str, Any]:
+) -> Measurement:
     """One open-loop run at `rate`: the summary, the engine's own view and KV/queue peaks.
 
     Used by this probe and by the capacity search; `share` is the slice of the progress bar
@@ -80,16 +123,17 @@ async def measure(
         schedule = schedule[: params.max_requests]
     if not schedule:
         raise KvscopeError(f"no request falls within {params.duration_s} s at {rate} req/s")
-    ctx.report(lo, {"phase": f"{step}: building {len(schedule)} prompts"})
+    ctx.report(lo, ProbeProgress(phase=f"{step}: building {len(schedule)} prompts"))
     specs = await ctx.profile_prompts(
         params.workload(), len(schedule), params.seed + attempt, params.api
     )
     ctx.check_cancel()
-    before = await _scrape_or_none(ctx)
+    before = await ctx.scrape_or_none()
 
     def progress(done: int, total: int) -> None:
         ctx.report(
-            lo + (hi - lo) * done / max(total, 1), {"phase": f"{step}: {done}/{total} requests"}
+            lo + (hi - lo) * done / max(total, 1),
+            ProbeProgress(phase=f"{step}: {done}/{total} requests"),
         )
 
     async with Sampler(ctx) as sampler:
@@ -102,56 +146,170 @@ async def measure(
             lateness_limit_s=params.lateness_limit_s,
         )
     await asyncio.sleep(0.5)  # the engine records its histograms as it finishes requests
-    after = await _scrape_or_none(ctx)
+    after = await ctx.scrape_or_none()
     ctx.sink(result.records, step)
     return summarize_run(result, params, rate, before, after, sampler)
 
 
+def engine_view(before: ParsedScrape, after: ParsedScrape) -> EngineView:
+    """The engine's histograms and preemptions between two scrapes."""
+    return EngineView(
+        ttft=histogram_delta(before, after, "ttft"),
+        itl=histogram_delta(before, after, "itl"),
+        tpot=histogram_delta(before, after, "tpot"),
+        e2e=histogram_delta(before, after, "e2e"),
+        queue_time=histogram_delta(before, after, "queue_time"),
+        preemptions=counter_delta(before, after, "preemptions_total"),
+    )
+
+
 def summarize_run(
-    result: RunResult, params: Params, rate: float, before: Any, after: Any, sampler: Sampler
-) -> dict[str, Any]:
+    result: RunResult,
+    params: Params,
+    rate: float,
+    before: ParsedScrape | None,
+    after: ParsedScrape | None,
+    sampler: Sampler,
+) -> Measurement:
     """The figures of one run, the client's and the engine's side by side."""
-    summary = result.summary(params.ttft_slo_s, params.tpot_slo_s).as_dict()
+    summary = result.summary(params.ttft_slo_s, params.tpot_slo_s)
     sent = [
         r.first_token_ts - r.sent_ts
         for r in result.records
         if r.status == "ok" and r.first_token_ts is not None and r.sent_ts is not None
     ]
-    out: dict[str, Any] = {
-        "rate": rate,
-        **summary,
-        "planned": result.planned,
-        "stopped": result.stopped,
-        "ttft_from_send_s": asdict(percentiles(sent)),
-        "kv_usage_peak": sampler.peak("kv_usage"),
-        "running_peak": sampler.peak("running"),
-        "waiting_peak": sampler.peak("waiting"),
-        "preemptions": sampler.increase("preemptions_total"),
-    }
-    if before is not None and after is not None:
-        engine = {
-            h: histogram_delta(before, after, h)
-            for h in ("ttft", "itl", "tpot", "e2e", "queue_time")
-        }
-        engine["preemptions"] = {"count": counter_delta(before, after, "preemptions_total")}
-        out["engine"] = engine
-        client_p50, engine_p50 = summary["ttft_s"]["p50"], engine["ttft"]["p50"]
-        if client_p50 is not None and engine_p50 is not None:
-            # Both from the engine's histogram resolution: a gap, not a precise figure.
-            out["ttft_gap_p50_s"] = client_p50 - engine_p50
-        out["queue_time_s"] = engine["queue_time"]
-    return rounded(out)
+    engine = engine_view(before, after) if before is not None and after is not None else None
+    gap = None
+    if engine is not None and summary.ttft_s.p50 is not None and engine.ttft.p50 is not None:
+        # Both from the engine's histogram resolution: a gap, not a precise figure.
+        gap = summary.ttft_s.p50 - engine.ttft.p50
+    return Measurement(
+        **dict(summary),
+        rate=rate,
+        planned=result.planned,
+        stopped=result.stopped,
+        ttft_from_send_s=percentiles(sent),
+        kv_usage_peak=sampler.peak("kv_usage"),
+        running_peak=sampler.peak("running"),
+        waiting_peak=sampler.peak("waiting"),
+        preemptions=sampler.increase("preemptions_total"),
+        engine=engine,
+        ttft_gap_p50_s=gap,
+    )
 
 
-async def _scrape_or_none(ctx: ProbeContext) -> Any:
-    try:
-        return await ctx.scrape()
-    except KvscopeError:
-        return None  # an OpenAI-compatible server without vLLM's metrics: client view only
-
-
-async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
+async def run(ctx: ProbeContext, params: Params) -> Result:
     """Run the probe."""
     out = await measure(ctx, params, params.rate, "latency")
-    ctx.report(1.0, {"phase": "done"})
-    return out
+    ctx.report(1.0, ProbeProgress(phase="done"))
+    return Result(**dict(out))
+
+
+_LATENCIES: tuple[tuple[str, str, str], ...] = (
+    ("ttft_s", "ttft", "TTFT"),
+    ("itl_s", "itl", "ITL"),
+    ("tpot_s", "tpot", "TPOT"),
+    ("e2e_s", "e2e", "E2E"),
+)
+_QUANTILES = ("p50", "p95", "p99")
+
+
+def table(r: Result) -> list[Row]:
+    """Client and engine percentiles per latency, with p99/p50."""
+    rows: list[Row] = []
+    for key, engine_key, label in _LATENCIES:
+        mine: Percentiles = getattr(r, key)
+        rows.append(
+            {
+                "": label,
+                "side": "client",
+                **{q: getattr(mine, q) for q in _QUANTILES},
+                "p99/p50": getattr(r.p99_over_p50, key),
+            }
+        )
+        theirs: HistogramDelta | None = getattr(r.engine, engine_key) if r.engine else None
+        if theirs is not None and theirs.count:
+            rows.append(
+                {"": label, "side": "engine histogram"}
+                | {q: getattr(theirs, q) for q in _QUANTILES}
+            )
+    if r.engine is not None and r.engine.queue_time.count:
+        q_time = r.engine.queue_time
+        rows.append(
+            {"": "queue time", "side": "engine histogram"}
+            | {q: getattr(q_time, q) for q in _QUANTILES}
+        )
+    return rows
+
+
+def chart(r: Result) -> Chart:
+    """p50, p95 and p99 of each latency: the client's beside the engine's own histograms."""
+    labels = [f"{label} {q}" for _, _, label in _LATENCIES for q in _QUANTILES]
+    client = [getattr(getattr(r, key), q) for key, _, _ in _LATENCIES for q in _QUANTILES]
+    traces = [Trace("client", labels, client, mode="markers", color="c0", size=11)]
+    if r.engine is not None:
+        engine = [getattr(getattr(r.engine, k), q) for _, k, _ in _LATENCIES for q in _QUANTILES]
+        traces.append(
+            Trace("engine histogram", labels, engine, mode="markers", color="c1", symbol="x")
+        )
+    return Chart(
+        title="Latency percentiles, client and engine",
+        x=Axis(""),
+        y=Axis("seconds", log=True),
+        traces=traces,
+    )
+
+
+def headline(r: Result) -> str:
+    """What a latency run found, in one line."""
+    return (
+        f"{r.requests} requests, TTFT p50 {_ms(r.ttft_s.p50)} p99 {_ms(r.ttft_s.p99)}, "
+        f"ITL p50 {_ms(r.itl_s.p50)}" + ("" if r.trustworthy else " (sender was late: not trusted)")
+    )
+
+
+def notes(r: Result) -> list[str]:
+    """How to read the figures."""
+    return [
+        "Client times count from each request's scheduled send; the engine's come from "
+        "vLLM's own histograms over the same requests (bucket-interpolated). "
+        f"Send lateness p99 {_ms(r.lateness_s.p99)}."
+        + ("" if r.trustworthy else f" Not trusted: {r.reason}")
+    ]
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f} ms"
+
+
+KIND: ProbeKind[Params, Result, ProbeProgress] = ProbeKind(
+    name="latency",
+    title="Latency",
+    command="latency",
+    summary="TTFT, ITL, TPOT, E2E and queue time at p50/p95/p99 for a rate and a duration.",
+    params=Params,
+    result=Result,
+    progress=ProbeProgress,
+    run=run,
+    form=(
+        FormField("rate", "requests per second"),
+        FormField("duration_s", "seconds"),
+        FormField("prompt_tokens", "prompt tokens", 256),
+        FormField("output_tokens", "output tokens", 64),
+    ),
+    cli=(
+        CliOption("rate"),
+        CliOption("duration_s", flag="duration"),
+        CliOption("prompt_tokens"),
+        CliOption("output_tokens"),
+        CliOption("profile"),
+        CliOption("arrival"),
+        CliOption("ttft_slo_s", flag="ttft_slo"),
+        CliOption("tpot_slo_s", flag="tpot_slo"),
+    ),
+    chart=chart,
+    headline=headline,
+    table=table,
+    notes=notes,
+    records_cdf=True,
+)

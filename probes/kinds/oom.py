@@ -12,20 +12,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from planner.errors import InvalidInput, KvscopeError
+from planner.errors import KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
-from probes.loadgen import RequestResult, percentiles
-from probes.probe import ProbeContext, ProbeParams, Sampler, counter_delta, rounded
-from probes.workloads import FixedProfile
+from probes.engine.spec import EngineSpec
+from probes.kinds.chart import Axis, Chart, Mark, Trace
+from probes.kinds.context import (
+    Figures,
+    ProbeContext,
+    ProbeParams,
+    ProbeProgress,
+    ProbeResult,
+    Sampler,
+    counter_delta,
+)
+from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
+from probes.load.generator import RequestResult, percentiles
+from probes.load.workloads import FixedProfile
 
-KIND = "oom"
 TOO_LONG = re.compile(
     r"maximum context length is (\d+)|maximum model length of (\d+)|"
     r"context length is only (\d+)",
@@ -41,8 +51,8 @@ class Params(ProbeParams):
     """The batch, where the context starts and how it grows, and the safety catches."""
 
     batch: int = Field(4, ge=1, le=1024, description="concurrent sequences per step")
-    start_context: int = Field(1024, ge=16)
-    step: int = Field(1024, ge=1)
+    start_context: int = Field(1024, ge=16, description="tokens per sequence at the first step")
+    step: int = Field(1024, ge=1, description="tokens added per step")
     max_context: int | None = Field(None, ge=16, description="stop here if nothing failed")
     search: Literal["step", "bisect"] = "step"
     bisect_granularity: int = Field(32, ge=1, description="tokens; one KV block is typical")
@@ -50,8 +60,8 @@ class Params(ProbeParams):
     stop_on: Literal["kv_exhausted", "error"] = "kv_exhausted"
     max_steps: int = Field(32, ge=1, le=200)
     request_timeout_s: float = Field(180.0, gt=0)
-    confirm: bool = False
-    allow_external: bool = False
+    confirm: bool = Field(False, description="required: the probe pushes the engine until it fails")
+    allow_external: bool = Field(False, description="allow an engine kvscope does not manage")
 
     @model_validator(mode="after")
     def _confirmed(self) -> Params:
@@ -65,10 +75,64 @@ class Params(ProbeParams):
         return self
 
 
+class Step(Figures):
+    """One context tried: what ran, the peaks, and the outcome with its reason."""
+
+    context: int
+    prompt_tokens: int
+    ok: int
+    errors: int
+    kv_usage_peak: float | None = None
+    running_peak: float | None = None
+    waiting_peak: float | None = None
+    preemptions: float | None = None
+    ttft_p50_s: float | None = None
+    e2e_p50_s: float | None = None
+    outcome: Outcome
+    why: str
+    bisect: bool = False
+
+
+class Failure(Figures):
+    """The first limit met."""
+
+    kind: Outcome
+    context: int
+    message: str
+
+
+class Frontier(Figures):
+    """The planner's longest context at which the batch fits, and how it got there."""
+
+    context: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    why: str
+
+
+class Progress(ProbeProgress):
+    """The steps measured so far."""
+
+    steps: list[Step] = Field(default_factory=list)
+
+
+class Result(ProbeResult):
+    """The frontier found, the planner's beside it, and every step."""
+
+    batch: int
+    steps: list[Step]
+    last_good_context: int | None
+    failure: Failure | None
+    health_after: str
+    predicted: Frontier | None
+    message: str
+
+
 def classify(
     records: Sequence[RequestResult],
     batch: int,
-    peaks: dict[str, float | None],
+    peaks: Mapping[str, float | None],
     preemptions: float | None,
 ) -> tuple[Outcome, str]:
     """What one step showed, and a line saying why."""
@@ -95,42 +159,40 @@ def classify(
     return "ok", f"all {batch} sequences fit (no preemption)"
 
 
-def predicted_frontier(facts: dict[str, Any], batch: int) -> dict[str, Any] | None:
+def predicted_frontier(spec: EngineSpec | None, batch: int) -> Frontier | None:
     """The planner's longest context at which `batch` sequences fit, for a managed engine
     whose spec fixes the KV bytes; None otherwise."""
-    spec = facts.get("spec") or {}
-    config = Path(str(spec.get("model", ""))) / "config.json"
-    if not spec.get("kv_cache_memory_bytes") or not config.is_file():
+    if spec is None or not spec.kv_cache_memory_bytes:
+        return None
+    config = Path(spec.model) / "config.json"
+    if not config.is_file():
         return None
     layout = vllm_kv_cache(
         from_config_file(config),
-        int(spec["kv_cache_memory_bytes"]),
-        spec.get("block_size"),
-        kv_dtype=spec.get("kv_cache_dtype", "auto"),
-        model_dtype=spec.get("dtype", "auto"),
-        max_model_len=spec.get("max_model_len"),
+        spec.kv_cache_memory_bytes,
+        spec.block_size,
+        kv_dtype=spec.kv_cache_dtype,
+        model_dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
     )
-    blocks = spec.get("num_gpu_blocks_override") or layout.num_blocks
+    blocks = spec.num_gpu_blocks_override or layout.num_blocks
     # One block is vLLM's null block; a sequence needs whole blocks.
     per_seq = (blocks - 1) // batch * layout.block_size
-    return {
-        "context": min(per_seq, layout.max_model_len),
-        "max_model_len": layout.max_model_len,
-        "num_blocks": blocks,
-        "block_size": layout.block_size,
-        "why": f"({blocks} blocks - 1) // {batch} sequences x {layout.block_size} tokens, "
+    return Frontier(
+        context=min(per_seq, layout.max_model_len),
+        max_model_len=layout.max_model_len,
+        num_blocks=blocks,
+        block_size=layout.block_size,
+        why=f"({blocks} blocks - 1) // {batch} sequences x {layout.block_size} tokens, "
         f"at most max_model_len {layout.max_model_len}",
-    }
+    )
 
 
-async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> dict[str, Any]:
+async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> Step:
     prompt = context - params.output_tokens
     profile = FixedProfile(prompt_tokens=prompt, output_tokens=params.output_tokens)
     specs = await ctx.profile_prompts(profile, params.batch, params.seed + index, params.api)
-    try:
-        before = await ctx.scrape()
-    except KvscopeError:
-        before = None  # no vLLM metrics: the sampler's view (or none) has to do
+    before = await ctx.scrape_or_none()  # no vLLM metrics: the sampler's view has to do
     async with Sampler(ctx, every_s=0.25) as sampler:
         result = await ctx.closed_loop(params, specs, params.batch)
     ctx.sink(result.records, f"context={context}")
@@ -138,46 +200,44 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
     if before is not None:
         with contextlib.suppress(KvscopeError):
             preemptions = counter_delta(before, await ctx.scrape(), "preemptions_total")
-    peaks = {k: sampler.peak(k) for k in ("kv_usage", "running", "waiting")}
+    peaks = {
+        "kv_usage": sampler.peak("kv_usage"),
+        "running": sampler.peak("running"),
+        "waiting": sampler.peak("waiting"),
+    }
     outcome, why = classify(result.records, params.batch, peaks, preemptions)
     if outcome == "errors" and not await ctx.healthy():
-        outcome, why = "engine_crashed", f"the engine stopped answering /health: {why}"
+        outcome, why = "engine_crashed", f"the engine stopped answering its health check: {why}"
     ok = [r for r in result.records if r.status == "ok"]
-    return rounded(
-        {
-            "context": context,
-            "prompt_tokens": prompt,
-            "ok": len(ok),
-            "errors": len(result.records) - len(ok),
-            "kv_usage_peak": peaks["kv_usage"],
-            "running_peak": peaks["running"],
-            "waiting_peak": peaks["waiting"],
-            "preemptions": preemptions,
-            "ttft_p50_s": percentiles([x for r in ok if (x := r.ttft_s) is not None]).p50,
-            "e2e_p50_s": percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,
-            "outcome": outcome,
-            "why": why,
-        }
+    return Step(
+        context=context,
+        prompt_tokens=prompt,
+        ok=len(ok),
+        errors=len(result.records) - len(ok),
+        kv_usage_peak=peaks["kv_usage"],
+        running_peak=peaks["running"],
+        waiting_peak=peaks["waiting"],
+        preemptions=preemptions,
+        ttft_p50_s=percentiles([x for r in ok if (x := r.ttft_s) is not None]).p50,
+        e2e_p50_s=percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,
+        outcome=outcome,
+        why=why,
     )
 
 
-def _failed(step: dict[str, Any], stop_on: str) -> bool:
-    if step["outcome"] == "ok":
+def _failed(step: Step, stop_on: str) -> bool:
+    if step.outcome == "ok":
         return False
-    return not (step["outcome"] == "kv_exhausted" and stop_on == "error")
+    return not (step.outcome == "kv_exhausted" and stop_on == "error")
 
 
-async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
+async def run(ctx: ProbeContext, params: Params) -> Result:
     """Run the probe."""
-    if not ctx.managed and not params.allow_external:
-        raise InvalidInput(
-            "the OOM probe runs on an engine kvscope manages; to push an "
-            "external engine until it fails, set allow_external"
-        )
+    KIND.admit(params, ctx.managed)
     if not await ctx.healthy():
         raise KvscopeError(f"{ctx.base_url} is not healthy before the probe; nothing was sent")
-    steps: list[dict[str, Any]] = []
-    failure: dict[str, Any] | None = None
+    steps: list[Step] = []
+    failure: Step | None = None
     last_good: int | None = None
     context = params.start_context
     for i in range(params.max_steps):
@@ -186,7 +246,7 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
             break
         ctx.report(
             min(0.95, i / params.max_steps * 2),
-            {"phase": f"context {context} x {params.batch}", "steps": steps},
+            Progress(phase=f"context {context} x {params.batch}", steps=steps),
         )
         step = await _step(ctx, params, context, i)
         steps.append(step)
@@ -196,12 +256,12 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
         last_good = context
         context += params.step
     if failure is not None and params.search == "bisect" and last_good is not None:
-        lo, hi = last_good, failure["context"]
+        lo, hi = last_good, failure.context
         while hi - lo > params.bisect_granularity:
             ctx.check_cancel()
             mid = (lo + hi) // 2
             step = await _step(ctx, params, mid, len(steps))
-            step["bisect"] = True
+            step.bisect = True
             steps.append(step)
             if _failed(step, params.stop_on):
                 hi, failure = mid, step
@@ -209,19 +269,19 @@ async def run(ctx: ProbeContext, params: Params) -> dict[str, Any]:
                 lo = mid
         last_good = lo
     health = await _health_after(ctx)
-    prediction = predicted_frontier(ctx.facts, params.batch)
-    ctx.report(1.0, {"phase": "done", "steps": steps})
-    return {
-        "batch": params.batch,
-        "steps": steps,
-        "last_good_context": last_good,
-        "failure": None
+    prediction = predicted_frontier(ctx.spec, params.batch)
+    ctx.report(1.0, Progress(phase="done", steps=steps))
+    return Result(
+        batch=params.batch,
+        steps=steps,
+        last_good_context=last_good,
+        failure=None
         if failure is None
-        else {"kind": failure["outcome"], "context": failure["context"], "message": failure["why"]},
-        "health_after": health,
-        "predicted": prediction,
-        "message": _message(params.batch, last_good, failure, prediction),
-    }
+        else Failure(kind=failure.outcome, context=failure.context, message=failure.why),
+        health_after=health,
+        predicted=prediction,
+        message=_message(params.batch, last_good, failure, prediction),
+    )
 
 
 async def _health_after(ctx: ProbeContext, wait_s: float = 300.0) -> str:
@@ -238,19 +298,125 @@ async def _health_after(ctx: ProbeContext, wait_s: float = 300.0) -> str:
 
 
 def _message(
-    batch: int,
-    last_good: int | None,
-    failure: dict[str, Any] | None,
-    prediction: dict[str, Any] | None,
+    batch: int, last_good: int | None, failure: Step | None, prediction: Frontier | None
 ) -> str:
     if failure is None:
         head = f"no failure with {batch} sequences up to {last_good} tokens each"
     else:
         good = f"{last_good} tokens" if last_good is not None else "the first step"
-        head = (
-            f"{batch} sequences: fine at {good}, {failure['outcome']} at "
-            f"{failure['context']} tokens"
-        )
+        head = f"{batch} sequences: fine at {good}, {failure.outcome} at {failure.context} tokens"
     if prediction:
-        head += f"; the planner predicts {prediction['context']} tokens"
+        head += f"; the planner predicts {prediction.context} tokens"
     return head
+
+
+def steps_chart(
+    steps: Sequence[Step], failure: Failure | None, predicted: Frontier | None
+) -> Chart:
+    """Peak KV usage and E2E per context step; the failure and the planner's frontier."""
+    ok = [s for s in steps if s.outcome == "ok"]
+    bad = [s for s in steps if s.outcome != "ok"]
+    traces = [
+        Trace("peak KV usage", [s.context for s in steps], [s.kv_usage_peak for s in steps]),
+        Trace(
+            "all sequences ran",
+            [s.context for s in ok],
+            [s.kv_usage_peak for s in ok],
+            mode="markers",
+            color="good",
+            size=9,
+        ),
+        Trace(
+            "limit: " + ", ".join(sorted({s.outcome for s in bad})),
+            [s.context for s in bad],
+            [s.kv_usage_peak or 0.0 for s in bad],
+            mode="markers",
+            color="bad",
+            symbol="x",
+            size=13,
+            hover=[s.why for s in bad],
+        ),
+        Trace(
+            "E2E p50 (s)",
+            [s.context for s in steps],
+            [s.e2e_p50_s for s in steps],
+            axis="y2",
+            color="c1",
+            dash="dot",
+        ),
+    ]
+    marks = []
+    if failure is not None:
+        marks.append(Mark(failure.context, f"measured: {failure.kind}", color="bad"))
+    if predicted is not None:
+        marks.append(Mark(predicted.context, "planner", color="reference", dash="dot"))
+    return Chart(
+        title="Context steps and the OOM frontier",
+        x=Axis("tokens per sequence"),
+        y=Axis("peak KV usage", share=True),
+        y2=Axis("E2E p50 (s)"),
+        traces=traces,
+        marks=marks,
+    )
+
+
+def notes(r: Result) -> list[str]:
+    """The planner's reasoning and the engine's health afterwards."""
+    out = [f"Planner: {r.predicted.why}."] if r.predicted else []
+    return [*out, f"Engine health afterwards: {r.health_after}."]
+
+
+def table(r: Result) -> list[Row]:
+    """One row per context tried."""
+    return dump_rows(
+        r.steps,
+        (
+            "context",
+            "outcome",
+            "ok",
+            "errors",
+            "kv_usage_peak",
+            "running_peak",
+            "waiting_peak",
+            "preemptions",
+            "ttft_p50_s",
+            "e2e_p50_s",
+            "bisect",
+            "why",
+        ),
+    )
+
+
+KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
+    name="oom",
+    title="OOM (context frontier)",
+    command="oom",
+    summary="Grow the context of a batch until the engine queues, preempts, rejects or fails.",
+    params=Params,
+    result=Result,
+    progress=Progress,
+    run=run,
+    form=(
+        FormField("batch", "concurrent sequences"),
+        FormField("start_context", "first context"),
+        FormField("step", "tokens added per step"),
+        FormField("output_tokens", "output tokens"),
+    ),
+    cli=(
+        CliOption("confirm"),
+        CliOption("batch"),
+        CliOption("start_context"),
+        CliOption("step"),
+        CliOption("max_context"),
+        CliOption(
+            "search", flag="bisect", sets="bisect", help="narrow the frontier down after a failure"
+        ),
+        CliOption("allow_external"),
+    ),
+    chart=lambda r: steps_chart(r.steps, r.failure, r.predicted),
+    partial_chart=lambda p: steps_chart(p.steps, None, None) if p.steps else None,
+    headline=lambda r: r.message,
+    table=table,
+    notes=notes,
+    destructive=True,
+)

@@ -1,8 +1,9 @@
-"""Run a probe: against a URL from the CLI, or for a queued run in the worker, with the store.
+"""Run a probe: against a target from the CLI, or for a queued run in the worker, with the store.
 
-The registry maps a kind to its module (`Params`, `run`). `execute` is the whole probe
-with nothing stored; `StoredRun` writes its progress, partial results and request records
-to the store and turns the console's cancel request into the probe's cancel check.
+`execute` is the whole probe with nothing stored. `StoredRun` writes its progress, partial
+results and request records to its `probe_runs` row and turns the console's cancel request
+into the probe's cancel check; whether the run was cancelled is its outcome, not a key of
+the result.
 """
 
 from __future__ import annotations
@@ -11,90 +12,100 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from sqlalchemy import Engine, insert
 
-from planner.errors import KvscopeError, UnknownChoice
-from probes import batch_sweep, capacity, kv_usage, latency, oom
-from probes.loadgen import RequestResult, new_client, validated
-from probes.probe import ProbeContext, ProbeParams, Report, discover_model
+from planner.errors import KvscopeError, NotFound, TargetAuthError, TargetError
+from probes.engine.spec import EngineSpec, parse_spec
+from probes.kinds.context import (
+    ProbeContext,
+    ProbeParams,
+    ProbeProgress,
+    ProbeResult,
+    Report,
+    stored,
+)
+from probes.kinds.contract import AnyKind
+from probes.load.generator import RequestResult, new_client
+from probes.vllm.client import AsyncVllmClient, Target
 from storage import queries as q
 from storage.db import transaction
-from storage.schemas import normalize_base_url
+from storage.schemas import TargetRow
 from storage.tables import RequestRecord
 
-PROBES: dict[str, ModuleType] = {m.KIND: m for m in (latency, batch_sweep, oom, kv_usage, capacity)}
 REPORT_EVERY_S = 1.0
 
 
-def probe_module(kind: str) -> ModuleType:
-    """The module of a probe kind."""
-    try:
-        return PROBES[kind]
-    except KeyError:
-        raise UnknownChoice("probe", kind, PROBES) from None
-
-
-# Keys a run row carries beside the probe's parameters.
-RUN_KEYS = ("target_url", "schedule_id")
-
-
-def parse_params(
-    kind: str, data: dict[str, Any], profiles: dict[str, dict[str, Any]] | None = None
-) -> ProbeParams:
-    """Validated parameters of a probe; InvalidInput names every bad field.
-
-    A `profile` naming one of the user's stored `profiles` is replaced by its definition.
-    """
-    clean = {k: v for k, v in data.items() if k not in RUN_KEYS}
-    name = clean.get("profile")
-    if isinstance(name, str) and profiles and name in profiles:
-        clean["profile"] = profiles[name]
-    params: ProbeParams = validated(probe_module(kind).Params, clean, f"{kind} parameters")
-    return params
-
-
 async def execute(
-    kind: str,
+    kind: AnyKind,
     params: ProbeParams,
-    base_url: str,
+    target: Target,
     *,
     model: str | None = None,
-    client: httpx.AsyncClient | None = None,
+    http: httpx.AsyncClient | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     report: Report = lambda f, p: None,
     sink: Callable[[Sequence[RequestResult], str], None] = lambda r, s: None,
     managed: bool = False,
-    facts: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run one probe to its end (or its cancel) and return its summary."""
-    base = normalize_base_url(base_url)
-    module = probe_module(kind)
+    spec: EngineSpec | None = None,
+) -> ProbeResult:
+    """Run one probe to its end (or its cancel) and return its result."""
+    kind.admit(params, managed)
 
-    async def go(c: httpx.AsyncClient) -> dict[str, Any]:
-        name = model or await discover_model(c, base)
+    async def go(h: httpx.AsyncClient) -> ProbeResult:
+        vllm = AsyncVllmClient(target, h)
+        name = await _model(vllm, model)
         ctx = ProbeContext(
-            base,
+            vllm,
             name,
-            c,
             cancelled=cancelled,
             report=report,
             sink=sink,
             managed=managed,
-            facts=facts or {},
+            spec=spec,
         )
-        result: dict[str, Any] = await module.run(ctx, params)
-        result.setdefault("model", name)
-        result.setdefault("target", base)
-        return result
+        result: ProbeResult = await kind.run(ctx, params)
+        return result.model_copy(update={"model": name, "target": target.base_url})
 
-    if client is not None:
-        return await go(client)
-    async with new_client(request_timeout_s=params.request_timeout_s) as c:
-        return await go(c)
+    if http is not None:
+        return await go(http)
+    async with new_client(request_timeout_s=params.request_timeout_s) as h:
+        return await go(h)
+
+
+def address(store: Engine, target: TargetRow) -> Target:
+    """Where a stored target answers and with which token: a managed engine's key is in its
+    spec, an attached engine's in the variable the target names (read now)."""
+    if target.managed:
+        try:
+            return parse_spec(q.get_engine_spec(store, target.name)[0]).target
+        except NotFound:
+            pass  # a managed target whose spec was removed: its URL, no key
+    return Target.resolve(target.base_url, target.token_env)
+
+
+async def _model(vllm: AsyncVllmClient, given: str | None) -> str:
+    """The model to ask for; the model list also proves the token is good before any load."""
+    if given is None:
+        return await vllm.first_model()
+    try:
+        await vllm.models()
+    except TargetAuthError:
+        raise
+    except TargetError:
+        pass  # a server without a model list: the given name will do
+    return given
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a stored run ended: its result, and whether it was cancelled on the way."""
+
+    result: ProbeResult
+    cancelled: bool
 
 
 class StoredRun:
@@ -104,7 +115,7 @@ class StoredRun:
         self,
         store: Engine,
         run_id: int,
-        on_progress: Callable[[float, dict[str, Any]], None] | None = None,
+        on_progress: Callable[[float, ProbeProgress], None] | None = None,
         stop: threading.Event | None = None,
     ) -> None:
         self.store, self.run_id = store, run_id
@@ -129,10 +140,10 @@ class StoredRun:
             except KvscopeError:
                 return
 
-    def report(self, fraction: float, partial: dict[str, Any]) -> None:
+    def report(self, fraction: float, progress: ProbeProgress) -> None:
         """Progress and partial results, written at most once a second."""
         if self.on_progress:
-            self.on_progress(fraction, partial)
+            self.on_progress(fraction, progress)
         now = time.monotonic()
         if now - self._last_report < REPORT_EVERY_S and fraction < 1.0:
             return
@@ -141,7 +152,7 @@ class StoredRun:
             self.store,
             self.run_id,
             progress=min(max(fraction, 0.0), 1.0),
-            summary={"partial": partial},
+            summary={"partial": stored(progress)},
         )
 
     def sink(self, records: Sequence[RequestResult], step: str) -> None:
@@ -157,7 +168,7 @@ class StoredRun:
             with transaction(self.store) as s:
                 s.execute(insert(RequestRecord), rows[i : i + 2000])
 
-    def run(self, kind: str, params: ProbeParams, base_url: str, **kwargs: Any) -> dict[str, Any]:
+    def run(self, kind: AnyKind, params: ProbeParams, target: Target, **kwargs: Any) -> Outcome:
         """Run the probe in this thread (its own event loop); the caller records the outcome."""
         self._watcher.start()
         try:
@@ -165,7 +176,7 @@ class StoredRun:
                 execute(
                     kind,
                     params,
-                    base_url,
+                    target,
                     cancelled=self.cancel.is_set,
                     report=self.report,
                     sink=self.sink,
@@ -174,6 +185,4 @@ class StoredRun:
             )
         finally:
             self._watch_stop.set()
-        if self.cancel.is_set():
-            result["cancelled"] = True  # stored as a cancelled run, with what it measured
-        return result
+        return Outcome(result, self.cancel.is_set())

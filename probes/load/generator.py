@@ -16,7 +16,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -24,9 +24,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, model_validator
 
 from planner.errors import InvalidInput, validation_message
-from probes.http1 import LeanTransport
+from probes.load.transport import LeanTransport
+from probes.vllm.client import Endpoint
 
-Api = Literal["completions", "chat"]
 Status = Literal["ok", "error", "cancelled"]
 StopReason = Literal["done", "max_requests", "max_duration", "cancelled"]
 Cancel = asyncio.Event | Callable[[], bool]
@@ -113,41 +113,6 @@ class RequestSpec:
     max_tokens: int
     session: str | None = None
     tags: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to send: `/v1/completions` or `/v1/chat/completions` of `base_url`.
-
-    `ignore_eos` (a vLLM extension) makes answers exactly `max_tokens` long; `extra` is
-    merged into every body (temperature, ...); `headers` carry auth.
-    """
-
-    base_url: str
-    model: str
-    api: Api = "completions"
-    ignore_eos: bool = True
-    headers: Mapping[str, str] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        return self.base_url.rstrip("/") + path
-
-    def body(self, spec: RequestSpec) -> bytes:
-        """The JSON body for `spec`, encoded once before the run."""
-        req: dict[str, Any] = {"model": self.model}
-        if self.api == "chat":
-            req["messages"] = [{"role": "user", "content": spec.prompt}]
-        else:
-            req["prompt"] = spec.prompt
-        req |= {"max_tokens": spec.max_tokens, "stream": True}
-        req["stream_options"] = {"include_usage": True}
-        if self.ignore_eos:
-            req["ignore_eos"] = True
-        req |= self.extra
-        return json.dumps(req, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -280,7 +245,7 @@ class _Run:
         self.timeout = httpx.Timeout(bounds.request_timeout_s)
         self.chat = endpoint.api == "chat"
         self.specs, self.planned = specs, planned
-        self.bodies = [endpoint.body(s) for s in specs[:planned]]
+        self.bodies = [endpoint.body(s.prompt, s.max_tokens) for s in specs[:planned]]
         self.progress = progress
         self.last_progress = 0.0
         self.done: list[_Live] = []
@@ -630,14 +595,17 @@ def _itl_summary(itl_ms: list[float]) -> dict[str, Any]:
 # -- summaries -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Percentiles:
+class _Figures(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Percentiles(_Figures):
     """p50/p95/p99/mean of one latency in seconds; None without data."""
 
-    p50: float | None
-    p95: float | None
-    p99: float | None
-    mean: float | None
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
 
     @property
     def tail_ratio(self) -> float | None:
@@ -647,9 +615,25 @@ class Percentiles:
         return self.p99 / self.p50
 
 
-@dataclass(frozen=True)
-class Summary:
-    """A run in figures; `as_dict()` is the JSON the CLI prints."""
+class Lateness(_Figures):
+    """How late the generator sent, in seconds: the run's own delay, never hidden."""
+
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+class TailRatios(_Figures):
+    """p99 / p50 of each latency."""
+
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+class Summary(_Figures):
+    """A run in figures: what the CLI prints and the latency probes build on."""
 
     requests: int
     ok: int
@@ -660,28 +644,22 @@ class Summary:
     itl_s: Percentiles
     tpot_s: Percentiles
     e2e_s: Percentiles
-    lateness_s: dict[str, float | None]
+    lateness_s: Lateness
     output_tokens_per_s: float
     requests_per_s: float
     slo_share: float | None
     trustworthy: bool
     reason: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["p99_over_p50"] = {
-            k: getattr(self, k).tail_ratio for k in ("ttft_s", "itl_s", "tpot_s", "e2e_s")
-        }
-        return out
+    p99_over_p50: TailRatios
 
 
 def percentiles(values: Sequence[float] | np.ndarray) -> Percentiles:
     """Linear-interpolated p50/p95/p99 (as planner.stats.percentile) and the mean."""
     xs = np.asarray(values, dtype=float)
     if xs.size == 0:
-        return Percentiles(None, None, None, None)
+        return Percentiles()
     q = np.quantile(xs, [0.5, 0.95, 0.99])
-    return Percentiles(float(q[0]), float(q[1]), float(q[2]), float(xs.mean()))
+    return Percentiles(p50=float(q[0]), p95=float(q[1]), p99=float(q[2]), mean=float(xs.mean()))
 
 
 def lateness_verdict(records: Sequence[RequestResult], limit_s: float) -> tuple[bool, str | None]:
@@ -722,10 +700,10 @@ def summarize(
     e2e = [x for r in ok if (x := r.e2e_s) is not None]
     gaps = np.fromiter((g for r in ok for g in r.itl_ms), dtype=float) / 1000.0
     late = np.asarray([x for r in records if (x := r.lateness_s) is not None], dtype=float)
-    lateness: dict[str, float | None] = {"p50": None, "p99": None, "max": None}
+    lateness = Lateness()
     if late.size:
         q = np.quantile(late, [0.5, 0.99])
-        lateness = {"p50": float(q[0]), "p99": float(q[1]), "max": float(late.max())}
+        lateness = Lateness(p50=float(q[0]), p99=float(q[1]), max=float(late.max()))
     tokens = sum(r.output_tokens or 0 for r in ok)
     share = None
     if ttft_slo_s is not None or tpot_slo_s is not None:
@@ -733,22 +711,26 @@ def summarize(
         good = sum(1 for r in ok if _within(r, ttft_slo_s, tpot_slo_s))
         share = good / judged if judged else None
     trustworthy, reason = lateness_verdict(records, lateness_limit_s)
+    tails = {
+        "ttft_s": percentiles(ttft),
+        "itl_s": percentiles(gaps),
+        "tpot_s": percentiles(tpot),
+        "e2e_s": percentiles(e2e),
+    }
     return Summary(
         requests=len(records),
         ok=len(ok),
         errors=errors,
         cancelled=cancelled,
         duration_s=duration,
-        ttft_s=percentiles(ttft),
-        itl_s=percentiles(gaps),
-        tpot_s=percentiles(tpot),
-        e2e_s=percentiles(e2e),
+        **tails,
         lateness_s=lateness,
         output_tokens_per_s=tokens / duration if duration > 0 else 0.0,
         requests_per_s=len(ok) / duration if duration > 0 else 0.0,
         slo_share=share,
         trustworthy=trustworthy,
         reason=reason,
+        p99_over_p50=TailRatios(**{k: v.tail_ratio for k, v in tails.items()}),
     )
 
 

@@ -3,7 +3,7 @@
 A profile is a pydantic model with a `kind`, stored as JSON and selectable by name from
 PRESETS; `profile.shapes(n, seed)` draws token lengths, the same for the same seed. A
 `PromptBuilder` turns shapes into prompts of an exact token count with the target's own
-`/tokenize`, falling back to a words-per-token estimate (tagged exact_tokens=false).
+token counter, falling back to a words-per-token estimate (tagged exact_tokens=false).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
-import httpx
 import numpy as np
 from pydantic import (
     BaseModel,
@@ -28,7 +27,8 @@ from pydantic import (
 )
 
 from planner.errors import InvalidInput, TargetError, UnknownChoice
-from probes.loadgen import RequestSpec, validated
+from probes.load.generator import RequestSpec, validated
+from probes.vllm.client import AsyncVllmClient
 
 # Common English words, most of them one token in BPE vocabularies; a few longer ones so
 # that a prompt cannot be fitted by counting words alone.
@@ -306,28 +306,27 @@ class _ProfileField(_Model):
 
 
 class PromptBuilder:
-    """Prompts of an exact token count, counted by the target's own `/tokenize`.
+    """Prompts of an exact token count, counted by the target's own tokenizer.
 
     Text comes from a word stream seeded per request, so prompts differ (no accidental
     prefix-cache hits) yet are the same for the same seed. Fitting adds or removes words
     until the count is exact; the words-per-token ratio learned on the way and the word
     count that fitted each length make most later prompts exact at the first count.
-    `chat` counts a prompt as the one user message of a /v1/chat/completions request.
+    `chat` counts a prompt as the one user message of a chat completion.
     """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        base_url: str,
+        client: AsyncVllmClient,
         model: str,
         *,
         chat: bool = False,
         seed: int = 0,
         concurrency: int = 16,
     ) -> None:
-        self.client, self.url, self.model = client, base_url.rstrip("/") + "/tokenize", model
+        self.client, self.model = client, model
         self.chat, self.seed = chat, seed
-        self.exact: bool | None = None  # None until the first /tokenize says if it exists
+        self.exact: bool | None = None  # None until the first count says if the target can
         self.tokens_per_word = 1 / WORDS_PER_TOKEN
         self._fitted: dict[int, int] = {}  # tokens wanted -> words that fitted last time
         self._heads: dict[str, str] = {}  # shared prefixes by key
@@ -339,7 +338,7 @@ class PromptBuilder:
         if not shapes:
             return []
         out: list[RequestSpec | None] = [None] * len(shapes)
-        # The first prompt alone: it finds out whether /tokenize exists and learns the ratio.
+        # The first prompt alone: it finds out whether the target counts and learns the ratio.
         out[0] = await self._one(0, shapes[0], None)
         groups: dict[str, list[int]] = {}
         singles: list[int] = []
@@ -389,7 +388,7 @@ class PromptBuilder:
 
     async def fit(self, head: str, target: int, rng: random.Random, base: int | None = None) -> str:
         """`head` (of `base` tokens, if known) followed by words from `rng`, `target` tokens in
-        all: exactly, when the target has /tokenize."""
+        all: exactly, when the target counts tokens."""
         base = base if base is not None else self._known.get(head)
         if base is None:
             base = await self.count(head)
@@ -411,7 +410,7 @@ class PromptBuilder:
             while len(words) < k:
                 words.append(rng.choice(VOCAB))
             n = await self.count(_join(head, words[:k]))
-            assert n is not None  # None only when the very first count finds no /tokenize
+            assert n is not None  # None only when the very first count finds no counter
             if n == target:
                 self._fitted[need] = k
                 self.tokens_per_word = 0.8 * self.tokens_per_word + 0.2 * (n - base) / k
@@ -430,32 +429,23 @@ class PromptBuilder:
             if k <= lo or (hi is not None and k >= hi):
                 k = lo + 1 if hi is None else (lo + hi) // 2
         raise TargetError(
-            f"could not build a prompt of exactly {target} tokens with the target's /tokenize "
+            f"could not build a prompt of exactly {target} tokens with the target's tokenizer "
             f"after {MAX_TRIES} tries"
         )
 
     async def count(self, text: str) -> int | None:
-        """Tokens of `text` as the target counts them; None when it has no /tokenize."""
+        """Tokens of `text` as the target counts them; None when it cannot count."""
         if self.exact is False:
             return None
-        body: dict[str, Any] = {"model": self.model}
-        if self.chat:
-            body["messages"] = [{"role": "user", "content": text}]
-        else:
-            body["prompt"] = text
-        url = self.url
         async with self._slots:
-            try:
-                resp = await self.client.post(url, json=body)
-            except httpx.HTTPError as err:
-                raise TargetError(f"cannot reach {url}: {type(err).__name__}: {err}") from err
-        if resp.status_code in (404, 405, 501) and self.exact is None:
+            n = await self.client.count_tokens(self.model, text, chat=self.chat)
+        if n is None and self.exact is None:
             self.exact = False  # not a vLLM server: estimate from here on
             return None
-        if resp.status_code != 200:
-            raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        if n is None:
+            raise TargetError(f"{self.client.base_url} stopped counting tokens mid-run")
         self.exact = True
-        return int(resp.json()["count"])
+        return n
 
 
 def _join(head: str, words: Sequence[str]) -> str:

@@ -1,4 +1,4 @@
-"""Parse a vLLM `/metrics` body and map every known spelling to kvscope's canonical names.
+"""Parse a vLLM metrics page and map every known spelling to kvscope's canonical names.
 
 Parsing is `prometheus_client.parser`, block by block (one `# HELP` family each), so one
 corrupt family costs that family, not the scrape. Spellings are listed newest first; when
@@ -77,7 +77,7 @@ class ParsedSample:
 
 @dataclass
 class ParsedScrape:
-    """Everything kvscope keeps from one `/metrics` body."""
+    """Everything kvscope keeps from one metrics page."""
 
     samples: list[ParsedSample] = field(default_factory=list)
     cache_info: dict[str, str] = field(default_factory=dict)
@@ -114,7 +114,7 @@ def _raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str
 
 
 def parse_metrics(text: str) -> ParsedScrape:
-    """Parse a `/metrics` body; raise NotPrometheusText when nothing in it is Prometheus text."""
+    """Parse a metrics page; raise NotPrometheusText when nothing in it is Prometheus text."""
     stripped = text.lstrip()
     if not stripped:
         raise NotPrometheusText("the response body is empty")

@@ -13,8 +13,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from probes.loadgen import Arrival, Bounds, Endpoint, new_client, run_open_loop
-from probes.workloads import LengthDist, LognormalProfile, MixItem, MixProfile, PromptBuilder
+from probes.load.generator import Arrival, Bounds, new_client, run_open_loop
+from probes.load.workloads import LengthDist, LognormalProfile, MixItem, MixProfile, PromptBuilder
+from probes.vllm.client import AsyncVllmClient, Target
 
 log = logging.getLogger("kvscope.demo")
 
@@ -46,9 +47,9 @@ class DemoLoad:
     """Runs in its own thread with its own event loop; `ready()` gates every window."""
 
     def __init__(
-        self, base_url: str, model: str, ready: Callable[[], bool], rate: float = DEMO_RATE
+        self, target: Target, model: str, ready: Callable[[], bool], rate: float = DEMO_RATE
     ) -> None:
-        self.endpoint = Endpoint(base_url, model)
+        self.target, self.model = target, model
         self.ready, self.rate = ready, rate
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="kvscope-demo-load", daemon=True)
@@ -78,12 +79,13 @@ class DemoLoad:
     async def _window(self, seed: int) -> None:
         """One minute of Poisson arrivals."""
         schedule = Arrival(kind="poisson", rate=self.rate).within(WINDOW_S, seed)
-        async with new_client(request_timeout_s=120.0) as client:
-            builder = PromptBuilder(client, self.endpoint.base_url, self.endpoint.model, seed=seed)
+        async with new_client(request_timeout_s=120.0) as http:
+            vllm = AsyncVllmClient(self.target, http)
+            builder = PromptBuilder(vllm, self.model, seed=seed)
             specs = await builder.build(DEMO_PROFILE.shapes(len(schedule), seed))
             await run_open_loop(
-                client,
-                self.endpoint,
+                http,
+                vllm.endpoint(self.model),
                 specs,
                 schedule,
                 bounds=Bounds(max_duration_s=WINDOW_S, request_timeout_s=120),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from probes.engine import embedded_spec
+from probes.engine.spec import embedded_spec
 from storage import queries as q
 from storage.settings import Settings
 from tests.support.pages import run_page

@@ -31,7 +31,7 @@ from app.exports import (
     prometheus_rules_yaml,
     to_yaml,
 )
-from probes.rules import DEFAULT_RULES, AlertRule, RuleKind
+from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

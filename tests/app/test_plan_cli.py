@@ -11,14 +11,14 @@ import typer
 from typer.testing import CliRunner
 
 import app.cli
-from app.plan_cli import parse_bytes, plan
+from app.cli.plan import parse_bytes, plan
 from planner.errors import InvalidInput, KvscopeError, UnknownChoice
 
 runner = CliRunner()
 
 
 def make_app() -> typer.Typer:
-    """A Typer app with `plan` registered the way app/cli.py registers it."""
+    """A Typer app with `plan` registered the way app/cli/__init__.py registers it."""
     cli = typer.Typer(pretty_exceptions_enable=False)
 
     @cli.callback()

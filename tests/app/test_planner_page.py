@@ -13,9 +13,10 @@ from app.charts import planner as charts
 
 
 def _page() -> None:
+    from app.common import error_boundary
     from app.views.planner import render
 
-    render()
+    error_boundary(render)()  # as app/main.py renders every page
 
 
 def _run(**choices: Any) -> AppTest:

@@ -8,7 +8,14 @@ import pytest
 from sqlalchemy import Engine
 
 from app.charts import probes as charts
-from probes.runner import StoredRun, parse_params
+from probes.kinds import KINDS, StoredRun, get_kind, parse_params
+from probes.kinds.batch_sweep import Result as SweepResult
+from probes.kinds.context import SamplePoint, stored
+from probes.kinds.kv_usage import timeline_chart
+from probes.kinds.latency import Result as LatencyResult
+from probes.kinds.oom import Frontier
+from probes.kinds.oom import Result as OomResult
+from probes.vllm.client import Target
 from storage import queries as q
 from tests.support.fake_openai import FakeConfig, serve
 from tests.support.pages import run_page
@@ -35,6 +42,10 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+_CAP_STEP: dict[str, Any] = {"trustworthy": True, "requests": 20, "errors": 0}
+_CAP_STEP |= {"requests_per_s": 4.0, "ttft_s": {"p50": 0.2}, "tpot_s": {"p50": 0.05}}
+
+
 @pytest.fixture
 def runs(store: Engine) -> dict[str, int]:
     """One finished run of each kind (two of latency), stored as the worker stores them."""
@@ -44,8 +55,10 @@ def runs(store: Engine) -> dict[str, int]:
         for kind, data in [*CASES.items(), ("latency", CASES["latency"])]:
             params = parse_params(kind, data)
             run = q.start_run(store, kind, params.model_dump(), tid)
-            summary = StoredRun(store, run.id).run(kind, params, fake.url, managed=True)
-            q.update_run(store, run.id, status="done", progress=1.0, summary=summary)
+            outcome = StoredRun(store, run.id).run(
+                get_kind(kind), params, Target(fake.url), managed=True
+            )
+            q.update_run(store, run.id, status="done", progress=1.0, summary=stored(outcome.result))
             out[kind if kind not in out else "latency2"] = run.id
     cap = q.start_run(store, "capacity", {"share": 0.9}, tid)
     q.update_run(
@@ -57,8 +70,8 @@ def runs(store: Engine) -> dict[str, int]:
             "first_failing_rps": 8,
             "slo": {"ttft_s": 1, "tpot_s": 0.1, "share": 0.9},
             "steps": [
-                {"rate": 4, "slo_share": 0.95, "passed": True},
-                {"rate": 8, "slo_share": 0.5, "passed": False},
+                {**_CAP_STEP, "rate": 4, "slo_share": 0.95, "passed": True},
+                {**_CAP_STEP, "rate": 8, "slo_share": 0.5, "passed": False},
             ],
             "message": "capacity 4 req/s",
         },
@@ -109,44 +122,93 @@ def test_a_running_probe_shows_progress_and_can_be_cancelled(store: Engine) -> N
 
 
 def test_charts_draw_what_the_probes_produce(runs: dict[str, int], store: Engine) -> None:
-    oom = q.get_run(store, runs["oom"]).summary
-    fig = charts.oom_chart(oom["steps"], oom["failure"], {"context": 1000})
+    oom = OomResult.model_validate(q.get_run(store, runs["oom"]).summary)
+    frontier = Frontier(context=1000, max_model_len=1200, num_blocks=64, block_size=32, why="")
+    fig = charts.figure(get_kind("oom").chart(oom.model_copy(update={"predicted": frontier})))
     assert any("rejected_too_long" in (t.name or "") for t in fig.data)
     assert len(fig.layout.shapes) == 2  # measured failure and planner frontier
-    sweep = q.get_run(store, runs["batch_sweep"]).summary
-    assert len(charts.sweep_chart(sweep["steps"], 2).data) == 3
+    sweep = SweepResult.model_validate(q.get_run(store, runs["batch_sweep"]).summary)
+    fig = charts.figure(get_kind("batch_sweep").chart(sweep))
+    assert len(fig.data) == 3 and fig.data[1].yaxis == "y2"
+    assert fig.layout.xaxis.type == "log"
     records = q.run_records(store, runs["latency"])
-    summary = q.get_run(store, runs["latency"]).summary
-    assert len(records) == summary["requests"] and records["ttft_s"].notna().all()
+    latency = LatencyResult.model_validate(q.get_run(store, runs["latency"]).summary)
+    assert len(records) == latency.requests and records["ttft_s"].notna().all()
     cdf = charts.cdf_chart({"TTFT": records["ttft_s"].tolist()}, "t")
     assert cdf.data[0].y[-1] == 1.0
+    per = charts.figure(get_kind("latency").chart(latency))
+    assert per.data[0].x[0] == "TTFT p50" and per.data[0].y[0] == latency.ttft_s.p50
 
 
 def test_compare_table_lines_up_two_runs(runs: dict[str, int], store: Engine) -> None:
-    from app.views.probes import compare_table
+    from app.views.probes import compare_table, result_of
 
-    a, b = q.get_run(store, runs["latency"]), q.get_run(store, runs["latency2"])
-    table = compare_table(a, b)
+    a, b = (
+        result_of(q.get_run(store, runs["latency"])),
+        result_of(q.get_run(store, runs["latency2"])),
+    )
+    assert a is not None and b is not None
+    table = compare_table(a, b, 1, 2)
     assert {"requests", "ttft_s.p50", "e2e_s.p99"} <= set(table["figure"])
 
 
 def test_kv_timeline_shows_free_blocks_on_hover() -> None:
     timeline = [
-        {"t": 0.0, "kv_usage": 0.5, "free_blocks": 255, "preemptions_total": 2.0},
-        {"t": 1.0, "kv_usage": 0.75, "free_blocks": 128, "preemptions_total": 5.0},
+        SamplePoint(t=0.0, ts=0.0, kv_usage=0.5, free_blocks=255, preemptions_total=2.0),
+        SamplePoint(t=1.0, ts=1.0, kv_usage=0.75, free_blocks=128, preemptions_total=5.0),
     ]
-    fig = charts.kv_timeline_chart(timeline, [0.0, 1.0])
-    assert list(fig.data[0].customdata) == [255, 128]
+    fig = charts.figure(timeline_chart(timeline, (0.0, 1.0)))
+    assert list(fig.data[0].text) == [
+        "50.0% used, 255.0 blocks free",
+        "75.0% used, 128.0 blocks free",
+    ]
     assert list(fig.data[1].y) == [0.0, 3.0]  # preemptions counted from the start
+    assert fig.data[0].line.shape == "hv" and len(fig.layout.shapes) == 1  # the load window
 
 
 def test_form_defaults_are_the_probes_own() -> None:
-    from app.views.probes import FIELDS
-    from probes.runner import PROBES
-
-    for kind, fields in FIELDS.items():
-        params = PROBES[kind].Params.model_fields
-        for name, _, fallback in fields:
-            own = params[name].default
+    for name, kind in KINDS.items():
+        fields = kind.params.model_fields
+        for f in kind.form:
+            own = fields[f.name].default
             # Either the probe's default is used, or it has none and the form supplies one.
-            assert (fallback is None) == isinstance(own, int | float), (kind, name)
+            assert (f.default is None) == isinstance(own, int | float), (name, f.name)
+
+
+def test_a_run_stored_before_typed_results_still_reads() -> None:
+    from app.views.probes import result_of
+    from storage.schemas import RunRow
+
+    old = {  # the latency summary as kvscope stored it before results were typed
+        "rate": 1.0, "requests": 2, "ok": 2, "errors": 0, "cancelled": 0, "duration_s": 2.0,
+        "ttft_s": {"p50": 0.1, "p95": 0.1, "p99": 0.1, "mean": 0.1},
+        "itl_s": {"p50": 0.01, "p95": 0.01, "p99": 0.01, "mean": 0.01},
+        "tpot_s": {"p50": 0.01, "p95": 0.01, "p99": 0.01, "mean": 0.01},
+        "e2e_s": {"p50": 0.5, "p95": 0.5, "p99": 0.5, "mean": 0.5},
+        "lateness_s": {"p50": 0.0, "p99": 0.001, "max": 0.001},
+        "output_tokens_per_s": 10.0, "requests_per_s": 1.0, "slo_share": None,
+        "trustworthy": True, "reason": None,
+        "p99_over_p50": {"ttft_s": 1.0, "itl_s": 1.0, "tpot_s": 1.0, "e2e_s": 1.0},
+        "planned": 2, "stopped": "done",
+        "ttft_from_send_s": {"p50": 0.1, "p95": 0.1, "p99": 0.1, "mean": 0.1},
+        "engine": {"ttft": {"count": 2}, "itl": {"count": 2}, "tpot": {"count": 2},
+                   "e2e": {"count": 2}, "queue_time": {"count": 2}, "preemptions": {"count": 3}},
+        "queue_time_s": {"count": 2}, "cancelled_flag_of_old": True, "model": "m",
+    }  # fmt: skip
+    row = RunRow(
+        id=1,
+        kind="latency",
+        target_id=None,
+        params={},
+        status="done",
+        progress=1.0,
+        summary=old,
+        error=None,
+        cancel_requested=False,
+        created_at=0.0,
+        started_at=0.0,
+        finished_at=2.0,
+    )
+    result = result_of(row)
+    assert isinstance(result, LatencyResult)
+    assert result.engine is not None and result.engine.preemptions == 3

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import Engine
 
 from planner.slo import get_preset
-from probes.alerts import AlertEvaluator
-from probes.rules import DEFAULT_RULES
+from probes.alerting.evaluate import AlertEvaluator
+from probes.alerting.rules import DEFAULT_RULES
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
 from tests.support.pages import run_page

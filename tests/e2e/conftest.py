@@ -8,6 +8,7 @@ runs last. Every process started here is stopped by its process group at the end
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.engine import build_tiny_model, embedded_spec
-from probes.manager import group_pids
+from probes.engine import group_pids
+from probes.engine.spec import build_tiny_model, embedded_spec
 from probes.worker import Worker
 from storage import queries as q
 from storage.schemas import RunRow
@@ -25,6 +26,9 @@ from storage.settings import Settings
 from tests.e2e.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+# The session's engine demands this key on its /v1 routes, as `vllm serve --api-key` does:
+# every probe must carry it (the worker takes it from the managed engine's spec).
+API_KEY = secrets.token_hex(8)
 ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
 
 
@@ -67,11 +71,11 @@ class LiveWorker:
         self, kind: str, timeout: float = 300.0, target: str | None = None, **params: object
     ) -> RunRow:
         """Queue a work row (against a target, for probes) and wait for its outcome."""
-        tid = q.get_target(self.worker.engine, target).id if target else None
-        run = q.request_run(self.worker.engine, kind, dict(params), target_id=tid)
+        tid = q.get_target(self.worker.store, target).id if target else None
+        run = q.request_run(self.worker.store, kind, dict(params), target_id=tid)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            run = q.get_run(self.worker.engine, run.id)
+            run = q.get_run(self.worker.store, run.id)
             if run.status not in ("queued", "running"):
                 return run
             time.sleep(0.5)
@@ -105,10 +109,11 @@ def live(e2e_settings: Settings) -> Iterator[LiveWorker]:
 
 @pytest.fixture(scope="session")
 def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> str:
-    """The embedded engine, started through the worker; returns its base URL."""
+    """The embedded engine, guarded by API_KEY, started through the worker; its base URL."""
     build_tiny_model(e2e_settings)
     spec = embedded_spec(e2e_settings)
-    q.save_engine_spec(live.worker.engine, spec.name, spec.model_dump())
+    spec = spec.model_copy(update={"env": {**spec.env, "VLLM_API_KEY": API_KEY}})
+    q.save_engine_spec(live.worker.store, spec.name, spec.model_dump())
     run = live.request("engine_start", timeout=600, name=spec.name)
     assert run.status == "done", run.error
     return spec.base_url

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from probes.alerts import AlertEvaluator
-from probes.rules import DEFAULT_RULES, RuleKind
+from probes.alerting.evaluate import AlertEvaluator
+from probes.alerting.rules import DEFAULT_RULES, RuleKind
 from storage import queries as q
 from tests.e2e.conftest import LiveWorker
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine: str) -> None:
-    store = live.worker.engine
+    store = live.worker.store
     q.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES])
     # Shorter durations than the defaults, so the test takes a minute, not ten.
     quick = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
-from probes.engine import embedded_spec
+from probes.engine.spec import embedded_spec
 from storage import queries as q
 from storage.db import open_store
 from storage.settings import Settings

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from planner.errors import InvalidInput
-from probes.engine import EngineSpec, engine_tmp_dir, parse_spec, port_in_use, preflight
-from probes.manager import group_pids
-from probes.tinymodel import TinyParams
+from probes.engine import group_pids
+from probes.engine.spec import EngineSpec, engine_tmp_dir, parse_spec, port_in_use, preflight
+from probes.engine.venv.tinymodel import TinyParams
 from storage import queries as q
 from storage.settings import Settings
 from tests.e2e.conftest import LiveWorker, engine_pids
@@ -61,11 +61,11 @@ def _check_prediction(live: LiveWorker, name: str) -> None:
     spec = live.worker.engines[name].spec
     assert spec.block_size and spec.max_model_len
     _wait(
-        lambda: q.get_target(live.worker.engine, name).num_gpu_blocks is not None,
+        lambda: q.get_target(live.worker.store, name).num_gpu_blocks is not None,
         30,
         "cache_config_info scraped",
     )
-    target = q.get_target(live.worker.engine, name)
+    target = q.get_target(live.worker.store, name)
     plan = _plan(Path(spec.model) / "config.json", spec)
     assert plan["num_blocks"] == target.num_gpu_blocks
     assert plan["block_size"] == target.block_size
@@ -82,11 +82,11 @@ def _check_prediction(live: LiveWorker, name: str) -> None:
 
 def test_engine_starts_from_its_spec_and_is_scraped(live: LiveWorker, cpu_engine: str) -> None:
     assert httpx.get(f"{cpu_engine}/health", timeout=5).status_code == 200
-    _wait(lambda: q.get_target(live.worker.engine, "embedded").health == "up", 30, "scraped up")
-    target = q.get_target(live.worker.engine, "embedded")
+    _wait(lambda: q.get_target(live.worker.store, "embedded").health == "up", 30, "scraped up")
+    target = q.get_target(live.worker.store, "embedded")
     assert target.managed and target.model_name == "tiny-llama"
-    assert q.count_samples(live.worker.engine, target.id) > 0
-    kinds = {e.kind for e in q.events(live.worker.engine, 0, time.time() + 1)}
+    assert q.count_samples(live.worker.store, target.id) > 0
+    kinds = {e.kind for e in q.events(live.worker.store, 0, time.time() + 1)}
     assert {
         "engine_starting",
         "engine_healthy",
@@ -116,13 +116,13 @@ def test_bad_specs_are_refused_and_nothing_starts(
     assert any("has no config.json" in p for p in problems)
     assert any(f"port {busy.port} on 127.0.0.1 is already in use" in p for p in problems)
     before = engine_pids(live)
-    q.save_engine_spec(live.worker.engine, busy.name, busy.model_dump())
+    q.save_engine_spec(live.worker.store, busy.name, busy.model_dump())
     run = live.request("engine_start", name="second", timeout=60)
     assert run.status == "failed" and "not started" in (run.error or "")
     assert "has no config.json" in (run.error or "")
     assert engine_pids(live) == before  # the running engine is untouched, nothing new ran
     assert not (live.settings.data_dir / "engines" / "second" / "engine.pid").exists()
-    q.set_desired_state(live.worker.engine, "second", "stopped")
+    q.set_desired_state(live.worker.store, "second", "stopped")
 
 
 def test_a_restarted_worker_adopts_the_running_engine(live: LiveWorker, cpu_engine: str) -> None:
@@ -132,7 +132,7 @@ def test_a_restarted_worker_adopts_the_running_engine(live: LiveWorker, cpu_engi
     live.replace()
     _wait(lambda: live.worker.engines["embedded"].state.status == "running", 60, "adopted")
     assert sorted(group_pids(live.worker.engines["embedded"].state.pid or 0)) == sorted(pids)
-    adopted = q.events(live.worker.engine, 0, time.time() + 1, kinds=["engine_adopted"])
+    adopted = q.events(live.worker.store, 0, time.time() + 1, kinds=["engine_adopted"])
     assert len(adopted) == 1
     assert httpx.get(f"{cpu_engine}/health", timeout=5).status_code == 200
 
@@ -142,7 +142,7 @@ def test_restart_applies_a_changed_spec(
     live: LiveWorker, cpu_engine: str, e2e_settings: Settings
 ) -> None:
     """A second tiny shape (3 layers, 1 KV head of 64, bf16, block 64): the planner again."""
-    from probes.engine import build_tiny_model
+    from probes.engine.spec import build_tiny_model
 
     other = build_tiny_model(
         e2e_settings,
@@ -158,11 +158,11 @@ def test_restart_applies_a_changed_spec(
             "max_model_len": 4000,
         }
     )
-    q.save_engine_spec(live.worker.engine, "embedded", spec.model_dump())
+    q.save_engine_spec(live.worker.store, "embedded", spec.model_dump())
     run = live.request("engine_restart", name="embedded", timeout=600)
     assert run.status == "done", run.error
     _wait(
-        lambda: q.get_target(live.worker.engine, "embedded").block_size == 64,
+        lambda: q.get_target(live.worker.store, "embedded").block_size == 64,
         60,
         "new cache config scraped",
     )
@@ -180,11 +180,11 @@ def test_kill_9_is_detected_and_the_engine_comes_back(live: LiveWorker, cpu_engi
         300,
         "restart after kill -9",
     )
-    crash = q.events(live.worker.engine, 0, time.time() + 1, kinds=["engine_crashed"])
+    crash = q.events(live.worker.store, 0, time.time() + 1, kinds=["engine_crashed"])
     assert len(crash) == 1 and crash[0].data["exit_code"] == -signal.SIGKILL
     assert crash[0].data["last_lines"], "a crash event carries the engine's last log lines"
     assert not group_pids(old), "the killed engine's children were cleaned up"
-    _wait(lambda: q.get_target(live.worker.engine, "embedded").health == "up", 60, "scraped")
+    _wait(lambda: q.get_target(live.worker.store, "embedded").health == "up", 60, "scraped")
 
 
 @pytest.mark.engine_last

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from playwright.sync_api import sync_playwright
 
-from probes.manager import group_pids
+from probes.engine import group_pids
 from storage import queries as q
 from storage.db import open_store
 from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing, free_port

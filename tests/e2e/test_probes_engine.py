@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from storage import queries as q
-from tests.e2e.conftest import ENGINE_VENV, ROOT, LiveWorker
+from tests.e2e.conftest import API_KEY, ENGINE_VENV, ROOT, LiveWorker
 
 pytestmark = pytest.mark.engine
 
@@ -33,11 +33,12 @@ def _vllm_bench(live: LiveWorker, base_url: str, seed: int, rate: float, n: int)
     data = live.settings.data_dir
     (data / "bench").mkdir(exist_ok=True)
     env = {**os.environ, "VLLM_CACHE_ROOT": str(data / "vllm-cache"), "TMPDIR": str(data / "bench")}
+    env["OPENAI_API_KEY"] = API_KEY  # vllm bench's header for a guarded engine
     out = data / "bench" / f"result-{seed}.json"
     subprocess.run(
         [
             str(ENGINE_VENV / "bin" / "python"),
-            str(ROOT / "probes" / "vllm_entry.py"),
+            str(ROOT / "probes" / "engine" / "venv" / "vllm_entry.py"),
             "bench",
             "serve",
             "--backend=openai",
@@ -83,8 +84,8 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
     gap = abs(statistics.median(ours) - statistics.median(bench))
     print(f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, gap {gap * 1000:.2f} ms")
     assert gap <= 0.002
-    runs = q.list_runs(live.worker.engine, kind="latency")
-    assert len(q.run_records(live.worker.engine, runs[0].id)) == runs[0].summary["requests"]
+    runs = q.list_runs(live.worker.store, kind="latency")
+    assert len(q.run_records(live.worker.store, runs[0].id)) == runs[0].summary["requests"]
 
 
 def test_batch_sweep_finds_a_knee(live: LiveWorker, cpu_engine: str) -> None:
@@ -112,7 +113,7 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
     assert s["last_good_context"] <= predicted < s["failure"]["context"]
     assert s["failure"]["context"] - s["last_good_context"] <= 32
     assert s["health_after"] == "healthy"
-    assert q.get_target(live.worker.engine, "embedded").health == "up"
+    assert q.get_target(live.worker.store, "embedded").health == "up"
 
 
 def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
@@ -169,20 +170,20 @@ def test_a_running_probe_is_cancelled_and_keeps_what_it_measured(
     live: LiveWorker, cpu_engine: str
 ) -> None:
     run = q.request_run(
-        live.worker.engine,
+        live.worker.store,
         "latency",
         {"rate": 2, "duration_s": 120, "prompt_tokens": 32, "output_tokens": 16},
-        target_id=q.get_target(live.worker.engine, "embedded").id,
+        target_id=q.get_target(live.worker.store, "embedded").id,
     )
     deadline = time.time() + 60
-    while q.get_run(live.worker.engine, run.id).status != "running" and time.time() < deadline:
+    while q.get_run(live.worker.store, run.id).status != "running" and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(4)
-    q.cancel_run(live.worker.engine, run.id)
+    q.cancel_run(live.worker.store, run.id)
     t0 = time.time()
-    while q.get_run(live.worker.engine, run.id).status == "running" and time.time() - t0 < 30:
+    while q.get_run(live.worker.store, run.id).status == "running" and time.time() - t0 < 30:
         time.sleep(0.2)
-    done = q.get_run(live.worker.engine, run.id)
+    done = q.get_run(live.worker.store, run.id)
     assert done.status == "cancelled" and time.time() - t0 < 15
-    assert 0 < len(q.run_records(live.worker.engine, run.id)) < 240
+    assert 0 < len(q.run_records(live.worker.store, run.id)) < 240
     assert done.summary.get("requests", 0) > 0  # what it measured before the cancel is kept

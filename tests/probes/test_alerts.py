@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine
 
-from probes.alerts import AlertEvaluator, evaluate
-from probes.rules import DEFAULT_RULES, AlertRule, RuleKind, parse_rule
+from probes.alerting.evaluate import AlertEvaluator, evaluate
+from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind, parse_rule
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from probes.metrics import parse_metrics, summarize
+from probes.vllm.metrics import parse_metrics, summarize
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 
-from probes.demo import DemoLoad
+from probes.vllm.client import Target
+from probes.worker.demo import DemoLoad
 from tests.support.fake_openai import FakeConfig, serve
 
 
 def test_demo_load_waits_for_ready_sends_and_stops() -> None:
     ready = {"now": False}
     with serve(FakeConfig(itl_s=0.001)) as fake:
-        demo = DemoLoad(fake.url, "m", ready=lambda: ready["now"], rate=20.0)
+        demo = DemoLoad(Target(fake.url), "m", ready=lambda: ready["now"], rate=20.0)
         demo.start()
         time.sleep(0.5)
         assert fake.generations == 0  # the engine is not up yet: nothing is sent

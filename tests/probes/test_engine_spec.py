@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import InvalidInput
-from probes.engine import ENTRY, embedded_spec, parse_spec, preflight
+from probes.engine.spec import ENTRY, embedded_spec, parse_spec, preflight
 from storage.settings import Settings
 
 
@@ -124,7 +124,7 @@ def test_embedded_default(tmp_path: Path) -> None:
 
 
 def test_tmpdir_stays_short_enough_for_vllms_unix_sockets(tmp_path: Path) -> None:
-    from probes.engine import engine_tmp_dir
+    from probes.engine.spec import engine_tmp_dir
 
     short = Path("/srv/kv/engines/e1")
     assert engine_tmp_dir(short) == short / "tmp"
@@ -133,3 +133,20 @@ def test_tmpdir_stays_short_enough_for_vllms_unix_sockets(tmp_path: Path) -> Non
     # vLLM binds ipc sockets at TMPDIR/<36-character uuid>; the path must fit in 107 bytes.
     assert len(f"{chosen}/{'u' * 36}") <= 107
     assert chosen == engine_tmp_dir(deep)  # stable, so stop can wipe it
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "key"),
+    [
+        ([], {}, None),
+        (["--api-key", "k1"], {}, "k1"),
+        (["--api-key=k2"], {}, "k2"),
+        ([], {"VLLM_API_KEY": "k3"}, "k3"),
+    ],
+)
+def test_a_managed_engine_is_reached_with_the_key_it_was_given(
+    tmp_path: Path, extra: list[str], env: dict[str, str], key: str | None
+) -> None:
+    spec = parse_spec(_base(tmp_path) | {"extra_args": extra, "env": env})
+    assert spec.api_key == key
+    assert spec.target.headers == ({"Authorization": f"Bearer {key}"} if key else {})

@@ -11,7 +11,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from probes.gpu import GpuSampler
+from probes.worker.gpu import GpuSampler
 
 GIB = 1 << 30
 

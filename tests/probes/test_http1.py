@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from probes.loadgen import Endpoint, RequestResult, RequestSpec, new_client, run_open_loop
+from probes.load.generator import RequestResult, RequestSpec, new_client, run_open_loop
+from probes.vllm.client import Endpoint
 
 
 def _specs(n: int) -> list[RequestSpec]:

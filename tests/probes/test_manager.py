@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import Engine
 
 from planner.errors import EngineError
-from probes.engine import EngineSpec, parse_spec
-from probes.manager import LOG_BACKUPS, EngineManager, group_pids
+from probes.engine import EngineManager, EngineSpec, group_pids, parse_spec
+from probes.engine.logs import LOG_BACKUPS, rotate
 from storage import queries as q
 from storage.settings import Settings
 
@@ -110,7 +110,7 @@ def test_a_crash_is_an_event_with_the_last_lines_and_it_restarts(
     assert any(e.kind == "engine_traceback" for e in q.events(store, 0, time.time() + 1))
     assert first is not None and group_pids(first) == []  # the orphaned child was killed too
     assert "restarting in 5 s" in m.state.message
-    m._next_restart = 0.0  # skip the backoff wait
+    m.policy.next_restart = 0.0  # skip the backoff wait
     m.poll("running")
     assert m.state.status == "starting" and m.state.pid != first
     m.spec = m.spec.model_copy(update={"env": {}})  # the next one stays up
@@ -122,7 +122,7 @@ def test_a_crash_while_not_wanted_is_not_restarted(
     m = _manager(store, settings, _spec(tmp_path, FAKE_ENGINE_CRASH_AFTER_S="1"), managers)
     m.start(timeout=30)
     _wait(lambda: _polled(m, "stopped") == "crashed")
-    m._next_restart = 0.0
+    m.policy.next_restart = 0.0
     m.poll("stopped")
     assert m.state.status == "crashed" and not m.alive()
 
@@ -135,7 +135,7 @@ def test_refused_before_anything_starts(
     m = _manager(store, settings, spec, managers)
     with pytest.raises(EngineError, match=r"has no config\.json"):
         m.start()
-    assert not m.pid_path.exists() and m.state.status == "stopped"
+    assert not m.process.pid_path.exists() and m.state.status == "stopped"
 
 
 def test_adoption_and_cleanup_after_a_worker_dies(
@@ -148,25 +148,26 @@ def test_adoption_and_cleanup_after_a_worker_dies(
     first.abandon()  # the worker process is gone; the engine is not
     again = _manager(store, settings, spec, managers)
     assert again.adopt_or_clean("running") is True
-    _wait(lambda: again._check_health() and again.state.status == "running")
+    _wait(lambda: again.check_health() and again.state.status == "running")
     assert sorted(group_pids(again.state.pid or 0)) == pids  # the same processes, no second
     # A worker that no longer wants it (or has another spec) stops it instead.
     third = _manager(store, settings, spec.model_copy(update={"max_model_len": 2048}), managers)
     assert third.adopt_or_clean("running") is False
-    assert group_pids(pids[0]) == [] and not third.pid_path.exists()
+    assert group_pids(pids[0]) == [] and not third.process.pid_path.exists()
 
 
 def test_log_rotation_keeps_backups(
     store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
 ) -> None:
     m = _manager(store, settings, _spec(tmp_path), managers)
-    m.run_dir.mkdir(parents=True)
+    log = m.process.log_path
+    log.parent.mkdir(parents=True)
     for i in range(LOG_BACKUPS + 2):
-        m.log_path.write_text(f"generation {i}\n")
-        m._rotate(0)
-    assert m.log_path.read_text() == ""
-    assert m.log_path.with_suffix(".log.1").read_text() == f"generation {LOG_BACKUPS + 1}\n"
-    assert not m.log_path.with_suffix(f".log.{LOG_BACKUPS + 1}").exists()
+        log.write_text(f"generation {i}\n")
+        rotate(log)
+    assert log.read_text() == ""
+    assert log.with_suffix(".log.1").read_text() == f"generation {LOG_BACKUPS + 1}\n"
+    assert not log.with_suffix(f".log.{LOG_BACKUPS + 1}").exists()
 
 
 def test_kill_9_of_the_main_process(

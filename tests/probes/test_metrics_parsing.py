@@ -7,7 +7,7 @@ import math
 import pytest
 
 from planner.errors import NotPrometheusText
-from probes.metrics import parse_metrics, summarize
+from probes.vllm.metrics import parse_metrics, summarize
 from tests.support.fake_vllm import FakeVllm
 
 

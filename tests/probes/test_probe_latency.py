@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, select
 
 from planner.errors import InvalidInput, UnknownChoice
-from probes.runner import StoredRun, execute, parse_params
+from probes.kinds import StoredRun, execute, get_kind, parse_params
+from probes.kinds.latency import Result
+from probes.vllm.client import Target
 from storage import queries as q
 from storage.tables import RequestRecord
 from tests.support.cli import kvscope
@@ -32,17 +36,18 @@ def test_latency_summary_from_the_schedule() -> None:
         },
     )
     with serve(FakeConfig(ttft_s=0.02, itl_s=0.002)) as fake:
-        out = asyncio.run(execute("latency", params, fake.url))
-    assert out["model"] == "tiny-llama"  # discovered from /v1/models
-    assert out["requests"] == 50 and out["errors"] == 0 and out["ok"] == 50
-    assert out["ttft_s"]["p50"] >= 0.02  # counted from the schedule: never below the delay
-    assert out["tpot_s"]["p50"] == pytest.approx(0.002, abs=0.002)
-    assert out["slo_share"] == 1.0 and out["trustworthy"] is True
-    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        assert set(out[key]) == {"p50", "p95", "p99", "mean"}
-    assert set(out["lateness_s"]) == {"p50", "p99", "max"}
-    assert out["requests_per_s"] > 0 and out["output_tokens_per_s"] > 0
-    assert "engine" not in out  # the stand-in has no /metrics: the client's view only
+        out = asyncio.run(execute(get_kind("latency"), params, Target(fake.url)))
+    assert isinstance(out, Result)
+    assert out.model == "tiny-llama"  # discovered from the model list
+    assert out.requests == 50 and out.errors == 0 and out.ok == 50
+    assert out.ttft_s.p50 is not None and out.ttft_s.p50 >= 0.02  # from the schedule
+    assert out.tpot_s.p50 == pytest.approx(0.002, abs=0.002)
+    assert out.slo_share == 1.0 and out.trustworthy is True
+    for figures in (out.ttft_s, out.itl_s, out.tpot_s, out.e2e_s):
+        assert None not in (figures.p50, figures.p95, figures.p99, figures.mean)
+    assert None not in (out.lateness_s.p50, out.lateness_s.p99, out.lateness_s.max)
+    assert out.requests_per_s > 0 and out.output_tokens_per_s > 0
+    assert out.engine is None  # the stand-in has no metrics: the client's view only
 
 
 def test_bad_parameters_are_refused_with_their_names() -> None:
@@ -63,17 +68,23 @@ def test_a_stored_run_keeps_records_progress_and_honours_cancel(store: Engine) -
     run = q.start_run(store, "latency", params.model_dump())
     stored = StoredRun(store, run.id)
     with serve(FakeConfig(itl_s=0.001)) as fake:
-        asyncio.get_event_loop_policy()
-        import threading
 
-        threading.Timer(2.0, lambda: q.cancel_run(store, run.id)).start()
-        out = stored.run("latency", params, fake.url)
-    assert out["cancelled"] is True and out["stopped"] == "cancelled"
+        def cancel_after_ten() -> None:
+            # Cancel once ten requests were served: a count, not a time, so a busy
+            # machine cannot make the run too short to judge.
+            while fake.generations < 10:
+                time.sleep(0.05)
+            q.cancel_run(store, run.id)
+
+        threading.Thread(target=cancel_after_ten, daemon=True).start()
+        outcome = stored.run(get_kind("latency"), params, Target(fake.url))
+    assert outcome.cancelled is True
+    assert isinstance(outcome.result, Result) and outcome.result.stopped == "cancelled"
     with store.connect() as conn:
         n = conn.execute(
             select(func.count()).select_from(RequestRecord).where(RequestRecord.run_id == run.id)
         ).scalar_one()
-    assert 20 <= n < 600  # stopped after a couple of seconds, not after 30
+    assert 10 <= n < 600  # what was sent is kept, and the run stopped long before 30 s
     assert q.get_run(store, run.id).progress > 0
 
 
@@ -125,7 +136,7 @@ def test_cli_refuses_an_unreachable_target_with_one_line(tmp_path: Path) -> None
         "probe", "latency", "--target", "http://127.0.0.1:9", "--duration", "1", env_dir=tmp_path
     )
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines()[-1].startswith("error: cannot reach")
+    assert res.stderr.strip().splitlines()[-1].startswith("error: cannot connect to")
 
 
 def test_a_stored_profile_is_used_by_name() -> None:
@@ -134,3 +145,38 @@ def test_a_stored_profile_is_used_by_name() -> None:
     assert params.workload().shapes(1)[0].prompt_tokens == 7  # type: ignore[attr-defined]
     with pytest.raises(UnknownChoice, match="workload profile 'other'"):
         parse_params("latency", {"profile": "other"}, stored).workload()  # type: ignore[attr-defined]
+
+
+def test_a_probe_by_target_name_carries_its_token_on_every_request(tmp_path: Path) -> None:
+    from storage.db import open_store
+
+    with serve(FakeConfig(api_key="s3cret", metrics=True)) as fake:
+        store = open_store(f"sqlite:///{tmp_path / 'kvscope.db'}")
+        data = {"name": "guarded", "base_url": fake.url, "token_env": "KVSCOPE_TOKEN_GUARDED"}
+        q.add_target(store, q.parse_target(data))
+        args = ("--rate", "20", "--duration", "1", "--prompt-tokens", "16", "--arrival", "constant")
+        ok = kvscope(
+            "probe", "latency", "--target", "guarded", *args, "--json",
+            env_dir=tmp_path, environ={"KVSCOPE_TOKEN_GUARDED": "s3cret"}, timeout=120,
+        )  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+        out = json.loads(ok.stdout)
+        assert out["requests"] == 20 and out["errors"] == 0
+        # The model list, every /tokenize, every completion and every scrape had the token.
+        assert fake.unauthorized == 0 and fake.generations == 20
+
+        refused = kvscope("probe", "latency", "--target", fake.url, *args, env_dir=tmp_path)
+        assert refused.returncode == 2
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "401: the engine wants a token" in last
+        assert fake.generations == 20  # refused before any load was sent
+    runs = q.list_runs(store)  # both name the stored target (the URL is its URL)
+    assert sorted((r.status, r.target_id) for r in runs) == [("done", 1), ("failed", 1)]
+    assert "401" in (next(r for r in runs if r.status == "failed").error or "")
+
+
+def test_an_unknown_target_name_lists_the_known_ones(tmp_path: Path) -> None:
+    res = kvscope("probe", "latency", "--target", "nosuch", env_dir=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "nosuch" in res.stderr

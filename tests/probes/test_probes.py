@@ -4,23 +4,35 @@ and whole runs against the loopback stand-in (the real engine runs them in tests
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from planner.errors import InvalidInput
-from probes import capacity, latency
-from probes.batch_sweep import find_knee
-from probes.kv_usage import _message, trend
-from probes.loadgen import RequestResult
-from probes.oom import classify
-from probes.probe import ProbeContext
-from probes.runner import execute, parse_params
+from probes.kinds import capacity, get_kind, latency, parse_params
+from probes.kinds.batch_sweep import Step, find_knee, past_knee
+from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
+from probes.kinds.kv_usage import message, trend
+from probes.kinds.oom import classify
+from probes.kinds.runner import execute
+from probes.load.generator import Percentiles, RequestResult
+from probes.vllm.client import Target
 from tests.support.fake_openai import FakeConfig, serve
 
 
-def _step(c: int, tps: float, e2e: float) -> dict[str, Any]:
-    return {"concurrency": c, "output_tokens_per_s": tps, "e2e_s": {"p50": e2e}}
+def _step(c: int, tps: float, e2e: float) -> Step:
+    return Step(concurrency=c, output_tokens_per_s=tps, e2e_s=Percentiles(p50=e2e))
+
+
+def _points(kv: list[float]) -> list[SamplePoint]:
+    return [SamplePoint(t=float(t), ts=float(t), kv_usage=v) for t, v in enumerate(kv)]
+
+
+def _run(kind: str, params: Any, url: str, **kwargs: Any) -> Any:
+    """A whole probe against the stand-in; its typed result."""
+    result: ProbeResult = asyncio.run(execute(get_kind(kind), params, Target(url), **kwargs))
+    return result
 
 
 def test_knee_is_where_throughput_stops_rising_but_latency_does_not() -> None:
@@ -32,15 +44,15 @@ def test_knee_is_where_throughput_stops_rising_but_latency_does_not() -> None:
         _step(16, 372, 4.3),
     ]
     knee = find_knee(steps)
-    assert knee["concurrency"] == 4  # 350/1.15 is the best throughput per second of latency
-    assert knee["gain"] == pytest.approx(370 / 350 - 1)
-    assert knee["latency_growth"] == pytest.approx(2.1 / 1.15 - 1)
-    assert "knee at concurrency 4: going to 8 adds +6% throughput but +83% E2E" in knee["message"]
+    assert knee.concurrency == 4  # 350/1.15 is the best throughput per second of latency
+    assert knee.gain == pytest.approx(370 / 350 - 1)
+    assert knee.latency_growth == pytest.approx(2.1 / 1.15 - 1)
+    assert "knee at concurrency 4: going to 8 adds +6% throughput but +83% E2E" in knee.message
     rising = find_knee(steps[:3])
-    assert rising["concurrency"] is None and "no knee up to concurrency 4" in rising["message"]
+    assert rising.concurrency is None and "no knee up to concurrency 4" in rising.message
     # Noise does not fool it: a dip in the middle is not a knee when the end is far better.
     noisy = [_step(1, 100, 1.0), _step(2, 95, 1.0), _step(4, 400, 1.1), _step(8, 420, 3.0)]
-    assert find_knee(noisy)["concurrency"] == 4
+    assert find_knee(noisy).concurrency == 4
 
 
 def _rec(status: str = "ok", http: int | None = 200, error: str | None = None) -> RequestResult:
@@ -72,23 +84,23 @@ def test_oom_step_outcomes(
 
 
 def test_kv_trend_is_a_slope_per_minute() -> None:
-    points = [{"t": float(t), "kv_usage": 0.1 + 0.002 * t} for t in range(60)]
+    points = _points([0.1 + 0.002 * t for t in range(60)])
     got = trend(points, 10, 50)
-    assert got["slope_per_min"] == pytest.approx(0.12)
-    assert got["slope_stderr_per_min"] == pytest.approx(0, abs=1e-12) and got["significant"]
-    assert trend(points[:2], 0, 60)["slope_per_min"] is None
+    assert got.slope_per_min == pytest.approx(0.12)
+    assert got.slope_stderr_per_min == pytest.approx(0, abs=1e-12) and got.significant
+    assert trend(points[:2], 0, 60).slope_per_min is None
 
 
 def test_a_slope_inside_the_noise_is_not_called_a_creep() -> None:
     # Alternating 0 and 4% (requests come and go between samples): no trend, only noise.
-    noisy = [{"t": float(t), "kv_usage": 0.04 * (t % 2)} for t in range(12)]
+    noisy = _points([0.04 * (t % 2) for t in range(12)])
     got = trend(noisy, 0, 11)
-    assert got["slope_per_min"] != 0 and not got["significant"]
-    message = _message(got, 0.0, 0.0, True)
-    assert message.startswith("no clear KV trend at a stable request rate")
-    assert "within the noise of 12 samples" in message
-    creep = trend([{"t": float(t), "kv_usage": 0.1 + 0.002 * t} for t in range(60)], 10, 50)
-    assert _message(creep, 0.1, 0.3, False) == (
+    assert got.slope_per_min != 0 and not got.significant
+    said = message(got, 0.0, 0.0, True)
+    assert said.startswith("no clear KV trend at a stable request rate")
+    assert "within the noise of 12 samples" in said
+    creep = trend(_points([0.1 + 0.002 * t for t in range(60)]), 10, 50)
+    assert message(creep, 0.1, 0.3, False) == (
         "KV usage rose at a stable request rate: +12.0% ± 0.0% of the cache per minute; "
         "after the load it stayed at 30.0% (baseline 10.0%)"
     )
@@ -104,28 +116,30 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
         step: str,
         share: tuple[float, float] = (0, 1),
         attempt: int = 0,
-    ) -> dict[str, Any]:
+    ) -> Any:
         attempts.append(attempt)
         inside = 0.95 if rate <= 5.3 else 0.5  # the SLO holds up to 5.3 req/s
-        return {
-            "slo_share": inside,
-            "trustworthy": True,
-            "requests": 10,
-            "errors": 0,
-            "ttft_s": {},
-            "tpot_s": {},
-            "requests_per_s": rate,
-        }
+        return SimpleNamespace(
+            slo_share=inside,
+            trustworthy=True,
+            reason=None,
+            requests=10,
+            errors=0,
+            ttft_s=Percentiles(),
+            tpot_s=Percentiles(),
+            requests_per_s=rate,
+        )
 
     monkeypatch.setattr(latency, "measure", fake_measure)
     params = parse_params(
         "capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "share": 0.9, "iterations": 3}
     )
-    ctx = ProbeContext("http://x", "m", None)  # type: ignore[arg-type]
-    out = asyncio.run(capacity.run(ctx, params))  # type: ignore[arg-type]
-    assert [s["rate"] for s in out["steps"]] == [1, 2, 4, 8, 6, 5, 5.5]
-    assert out["capacity_rps"] == 5 and out["first_failing_rps"] == 5.5
-    assert "capacity 5 req/s" in out["message"]
+    ctx = ProbeContext(None, "m")  # type: ignore[arg-type]
+    assert isinstance(params, capacity.Params)
+    out = asyncio.run(capacity.run(ctx, params))
+    assert [s.rate for s in out.steps] == [1, 2, 4, 8, 6, 5, 5.5]
+    assert out.capacity_rps == 5 and out.first_failing_rps == 5.5
+    assert "capacity 5 req/s" in out.message
     # Fresh prompts for every rate: repeats would be served from vLLM's prefix cache.
     assert attempts == list(range(7))
 
@@ -141,11 +155,11 @@ def test_sweep_runs_every_step() -> None:
         },
     )
     with serve(FakeConfig(itl_s=0.002)) as fake:
-        out = asyncio.run(execute("batch_sweep", params, fake.url))
-    assert [s["concurrency"] for s in out["steps"]] == [1, 2, 4]
-    assert all(s["ok"] == 8 and s["output_tokens_per_s"] > 0 for s in out["steps"])
+        out = _run("batch_sweep", params, fake.url)
+    assert [s.concurrency for s in out.steps] == [1, 2, 4]
+    assert all(s.ok == 8 and s.output_tokens_per_s > 0 for s in out.steps)
     # The stand-in streams in parallel without limit: throughput keeps rising, no knee.
-    assert out["knee"]["concurrency"] is None
+    assert out.knee.concurrency is None
 
 
 def test_oom_finds_the_context_limit_and_needs_consent() -> None:
@@ -155,13 +169,13 @@ def test_oom_finds_the_context_limit_and_needs_consent() -> None:
         "oom", {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8}
     )
     with serve(FakeConfig(max_model_len=2048, metrics=True)) as fake:
-        with pytest.raises(InvalidInput, match="set allow_external"):
-            asyncio.run(execute("oom", params, fake.url))
-        out = asyncio.run(execute("oom", params, fake.url, managed=True))
-    assert [s["context"] for s in out["steps"]] == [512, 1024, 1536, 2048, 2560]
-    assert out["last_good_context"] == 2048
-    assert out["failure"]["kind"] == "rejected_too_long" and out["failure"]["context"] == 2560
-    assert out["health_after"] == "healthy"
+        with pytest.raises(InvalidInput, match="with allow_external set"):
+            _run("oom", params, fake.url)
+        out = _run("oom", params, fake.url, managed=True)
+    assert [s.context for s in out.steps] == [512, 1024, 1536, 2048, 2560]
+    assert out.last_good_context == 2048
+    assert out.failure.kind == "rejected_too_long" and out.failure.context == 2560
+    assert out.health_after == "healthy"
 
 
 def test_kv_usage_timeline_and_verdict() -> None:
@@ -179,25 +193,23 @@ def test_kv_usage_timeline_and_verdict() -> None:
         },
     )
     with serve(FakeConfig(metrics=True)) as fake:
-        out = asyncio.run(execute("kv_usage", params, fake.url))
-    assert out["requests"] == 20 and out["unique_prefixes"] == 5
-    assert len(out["timeline"]) >= 10
-    assert all("free_blocks" in p for p in out["timeline"])
-    assert out["slope_per_min"] == 0 and out["returned_to_baseline"] is True
+        out = _run("kv_usage", params, fake.url)
+    assert out.requests == 20 and out.unique_prefixes == 5
+    assert len(out.timeline) >= 10
+    assert all(p.kv_usage is not None for p in out.timeline)  # sampled every time
+    assert out.slope_per_min == 0 and out.returned_to_baseline is True
 
 
 def test_an_open_sweep_stops_once_past_the_knee() -> None:
-    from probes.batch_sweep import _past_knee
-
     rising = [_step(1, 100, 1.0), _step(2, 200, 1.0), _step(4, 400, 1.0)]
-    assert not _past_knee(rising, 2)
+    assert not past_knee(rising, 2)
     falling = [*rising, _step(8, 410, 2.0), _step(16, 415, 4.0)]
-    assert _past_knee(falling, 2)
-    assert not _past_knee(falling[:-1], 2)  # one fall may be noise
+    assert past_knee(falling, 2)
+    assert not past_knee(falling[:-1], 2)  # one fall may be noise
 
 
 def _ttft_scrape(le_01: float, total: float) -> Any:
-    from probes.metrics import parse_metrics
+    from probes.vllm.metrics import parse_metrics
 
     return parse_metrics(
         "# TYPE vllm:time_to_first_token_seconds histogram\n"
@@ -209,11 +221,11 @@ def _ttft_scrape(le_01: float, total: float) -> Any:
 
 
 def test_engine_histogram_delta_between_scrapes_survives_a_restart() -> None:
-    from probes.probe import histogram_delta
+    from probes.kinds.context import histogram_delta
 
     grew = histogram_delta(_ttft_scrape(10, 10), _ttft_scrape(18, 20), "ttft")
-    assert grew["count"] == 10  # 8 fast, 2 slow in between
-    assert grew["p50"] is not None and grew["p50"] <= 0.1
+    assert grew.count == 10  # 8 fast, 2 slow in between
+    assert grew.p50 is not None and grew.p50 <= 0.1
     # The engine restarted in between: its counts since the restart, never negative ones.
     restarted = histogram_delta(_ttft_scrape(10, 10), _ttft_scrape(3, 4), "ttft")
-    assert restarted["count"] == 4
+    assert restarted.count == 4

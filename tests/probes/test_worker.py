@@ -36,7 +36,7 @@ def worker(settings: Settings) -> Iterator[Worker]:
 
 
 def _add(w: Worker, name: str, url: str) -> int:
-    return q.add_target(w.engine, q.parse_target({"name": name, "base_url": url})).id
+    return q.add_target(w.store, q.parse_target({"name": name, "base_url": url})).id
 
 
 def test_scraped_series_and_derived_rates(worker: Worker) -> None:
@@ -47,13 +47,13 @@ def test_scraped_series_and_derived_rates(worker: Worker) -> None:
         t0 = time.time()
         time.sleep(4.0)
         worker.stop()
-    target = q.get_target(worker.engine, "fake")
+    target = q.get_target(worker.store, "fake")
     assert target.health == "up" and target.num_gpu_blocks == 1000 and target.block_size == 32
     assert target.model_name == "tiny-llama"
     grid = d.Grid(t0 + 3.0, t0 + 3.5, 0.5, 0)
-    assert d.gauge(worker.engine, tid, "kv_usage", grid).iloc[-1] == 0.5
-    pre = d.rate(worker.engine, tid, "preemptions_total", grid, window_s=2.0).to_numpy()
-    gen = d.rate(worker.engine, tid, "generation_tokens_total", grid, window_s=2.0).to_numpy()
+    assert d.gauge(worker.store, tid, "kv_usage", grid).iloc[-1] == 0.5
+    pre = d.rate(worker.store, tid, "preemptions_total", grid, window_s=2.0).to_numpy()
+    gen = d.rate(worker.store, tid, "generation_tokens_total", grid, window_s=2.0).to_numpy()
     # Counters grow with wall time in the fake; scrape jitter is milliseconds.
     assert np.allclose(pre, 4.0, rtol=0.1)
     assert np.allclose(gen, 250.0, rtol=0.1)
@@ -67,14 +67,14 @@ def test_a_down_target_is_recorded_backs_off_and_does_not_stop_the_others(worker
         worker.start()
         time.sleep(5.0)
         worker.stop()
-    dead = q.get_target(worker.engine, "dead")
+    dead = q.get_target(worker.store, "dead")
     assert dead.health == "down" and "connection refused" in (dead.health_message or "")
     # Backoff at 0.5 s doubling: attempts at ~0, 0.5, 1.5, 3.5 s, not ten of them.
     assert 2 <= dead.consecutive_failures <= 5
-    downs = q.events(worker.engine, 0, time.time() + 1, kinds=["target_down"])
+    downs = q.events(worker.store, 0, time.time() + 1, kinds=["target_down"])
     assert len(downs) == 1 and downs[0].severity == "warning"
-    assert q.get_target(worker.engine, "good").health == "up"
-    assert q.count_samples(worker.engine, good) > 0
+    assert q.get_target(worker.store, "good").health == "up"
+    assert q.count_samples(worker.store, good) > 0
 
 
 def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -> None:
@@ -82,22 +82,22 @@ def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -
     with serve(fake) as url:
         _add(worker, "fake", url)
         worker.start()
-        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "up")
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
         fake.status = 503
-        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "down")
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "down")
         fake.status = 200
         fake.restart()
-        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "up")
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
         fake.body_override = fake.text().replace(
             "vllm:num_requests_waiting{", "vllm:num_requests_waiting{broken "
         )
-        _wait_for(lambda: q.get_target(worker.engine, "fake").health == "degraded")
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "degraded")
         worker.stop()
-    kinds = [e.kind for e in q.events(worker.engine, 0, time.time() + 1)]
+    kinds = [e.kind for e in q.events(worker.store, 0, time.time() + 1)]
     assert kinds.count("target_down") == 1 and kinds.count("target_up") == 1
     assert "counter_reset" in kinds and "scrape_warning" in kinds
     assert "HTTP 503" in (
-        q.events(worker.engine, 0, time.time() + 1, kinds=["target_down"])[0].message
+        q.events(worker.store, 0, time.time() + 1, kinds=["target_down"])[0].message
     )
 
 
@@ -107,7 +107,7 @@ def test_slow_endpoint_times_out_with_a_clear_message(settings: Settings) -> Non
     with serve(fake) as url:
         tid = _add(w, "slow", url)
         w.scrape_target(tid)
-    assert "did not answer within 0.3 s" in (q.get_target(w.engine, "slow").health_message or "")
+    assert "did not answer within 0.3 s" in (q.get_target(w.store, "slow").health_message or "")
 
 
 def test_work_rows_are_carried_out_and_failures_are_data(worker: Worker) -> None:
@@ -115,42 +115,41 @@ def test_work_rows_are_carried_out_and_failures_are_data(worker: Worker) -> None
     with serve(fake) as url:
         tid = _add(worker, "fake", url)
         dead = _add(worker, "dead", "http://127.0.0.1:9")
-        ok = q.request_run(worker.engine, "check_target", target_id=tid)
-        bad = q.request_run(worker.engine, "check_target", target_id=dead)
-        odd = q.request_run(worker.engine, "no-such-probe")
+        ok = q.request_run(worker.store, "check_target", target_id=tid)
+        bad = q.request_run(worker.store, "check_target", target_id=dead)
+        odd = q.request_run(worker.store, "no-such-probe")
         worker.start()
         for _ in range(30):
             worker.tick()
             if all(
-                q.get_run(worker.engine, r.id).status not in ("queued", "running")
+                q.get_run(worker.store, r.id).status not in ("queued", "running")
                 for r in (ok, bad, odd)
             ):
                 break
             time.sleep(0.1)
         worker.stop()
-    done = q.get_run(worker.engine, ok.id)
+    done = q.get_run(worker.store, ok.id)
     assert done.status == "done" and done.summary["kv_usage"] == 0.125
-    failed = q.get_run(worker.engine, bad.id)
+    failed = q.get_run(worker.store, bad.id)
     assert failed.status == "failed" and "connection refused" in (failed.error or "")
-    assert q.get_run(worker.engine, odd.id).status == "failed"
+    assert q.get_run(worker.store, odd.id).status == "failed"
 
 
 def test_a_restarted_worker_marks_left_over_runs_interrupted(settings: Settings) -> None:
     first = Worker(settings)
-    run = q.request_run(first.engine, "check_target")
-    q.claim_next_run(first.engine, ["check_target"])  # then the process "dies"
+    run = q.request_run(first.store, "check_target")
+    q.claim_next_run(first.store, ["check_target"])  # then the process "dies"
     second = Worker(settings)
     second.start()
     second.stop()
-    after = q.get_run(second.engine, run.id)
+    after = q.get_run(second.store, run.id)
     assert after.status == "interrupted" and "worker stopped" in (after.error or "")
 
 
 def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
     settings: Settings, tmp_path: Path
 ) -> None:
-    from probes.engine import parse_spec
-    from probes.manager import group_pids
+    from probes.engine import group_pids, parse_spec
 
     model = tmp_path / "model"
     model.mkdir()
@@ -169,8 +168,8 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
         }
     )
     w = Worker(settings)
-    q.save_engine_spec(w.engine, "fake", spec.model_dump())
-    q.set_desired_state(w.engine, "fake", "running")
+    q.save_engine_spec(w.store, "fake", spec.model_dump())
+    q.set_desired_state(w.store, "fake", "running")
     w.start()
     _wait_for(lambda: "fake" in w.engines and w.engines["fake"].state.status == "running", 30)
     pid = w.engines["fake"].state.pid
@@ -178,17 +177,17 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
 
     def scraped() -> bool:
         w.tick()  # the main loop adds the scrape job once the engine is healthy
-        return q.get_target(w.engine, "fake").health == "up"
+        return q.get_target(w.store, "fake").health == "up"
 
     _wait_for(scraped, 15)
     w.stop()
     assert group_pids(pid) == []
-    assert [e.kind for e in q.events(w.engine, 0, time.time() + 1, kinds=["engine_stopped"])]
+    assert [e.kind for e in q.events(w.store, 0, time.time() + 1, kinds=["engine_stopped"])]
 
 
 def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings) -> None:
     first = Worker(settings)
-    q.add_target(first.engine, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:9"}))
+    q.add_target(first.store, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:9"}))
     first.start()
     first.scheduler.shutdown(wait=False)  # the process died: its jobs stay in the job store
     second = Worker(settings)
@@ -213,10 +212,10 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
 
 def test_probe_schedules_become_jobs_that_queue_one_run_at_a_time(settings: Settings) -> None:
     w = Worker(settings)
-    tid = q.add_target(w.engine, q.parse_target({"name": "t", "base_url": "http://h:1"})).id
-    sched = q.add_schedule(w.engine, tid, "latency", {"rate": 1, "duration_s": 5}, every_s=600)
+    tid = q.add_target(w.store, q.parse_target({"name": "t", "base_url": "http://h:1"})).id
+    sched = q.add_schedule(w.store, tid, "latency", {"rate": 1, "duration_s": 5}, every_s=600)
     with pytest.raises(InvalidInput, match="at most every 10 s"):
-        q.add_schedule(w.engine, tid, "latency", {}, every_s=1)
+        q.add_schedule(w.store, tid, "latency", {}, every_s=1)
     w.start()
     try:
         w.sync_schedules()
@@ -224,10 +223,10 @@ def test_probe_schedules_become_jobs_that_queue_one_run_at_a_time(settings: Sett
         assert job is not None and job.trigger.interval.total_seconds() == 600
         w.queue_scheduled(sched.id)
         w.queue_scheduled(sched.id)  # the first is still queued: no pile-up
-        runs = q.list_runs(w.engine, kind="latency")
+        runs = q.list_runs(w.store, kind="latency")
         assert len(runs) == 1 and runs[0].params["schedule_id"] == sched.id
         assert runs[0].target_id == tid
-        q.remove_schedule(w.engine, sched.id)
+        q.remove_schedule(w.store, sched.id)
         w.sync_schedules()
         assert w.scheduler.get_job(f"schedule:{sched.id}") is None
     finally:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from planner.errors import InvalidInput, TargetError, UnknownChoice
-from probes.loadgen import Endpoint, RequestSpec, new_client, run_open_loop
-from probes.workloads import (
+from probes.load.generator import RequestSpec, new_client, run_open_loop
+from probes.load.workloads import (
     PRESETS,
     EmpiricalProfile,
     FixedProfile,
@@ -28,6 +28,7 @@ from probes.workloads import (
     get_profile,
     parse_profile,
 )
+from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 from tests.support.fake_openai import FakeConfig, FakeOpenAI, chat_tokens, serve, tokenize
 
 
@@ -36,9 +37,8 @@ def _build(
 ) -> list[RequestSpec]:
     async def go() -> list[RequestSpec]:
         async with new_client() as client:
-            return await PromptBuilder(client, fake.url, "tiny-llama", chat=chat, seed=seed).build(
-                shapes
-            )
+            vllm = AsyncVllmClient(Target(fake.url), client)
+            return await PromptBuilder(vllm, "tiny-llama", chat=chat, seed=seed).build(shapes)
 
     return asyncio.run(go())
 
@@ -232,5 +232,5 @@ def test_target_failures_and_impossible_prompts() -> None:
         with pytest.raises(InvalidInput, match="the shared part alone has"):
             shape = RequestShape(5, 1, prefix=("p", 300))
             _build(fake, [shape])
-    with pytest.raises(TargetError, match="cannot reach"):
+    with pytest.raises(TargetError, match=r"cannot connect to .*tokenize: connection refused"):
         _build(FakeOpenAI(FakeConfig(), url=url), [RequestShape(5, 1)])

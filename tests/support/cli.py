@@ -5,16 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def kvscope(
-    *args: str, env_dir: Path | None = None, timeout: float = 60
+    *args: str,
+    env_dir: Path | None = None,
+    timeout: float = 60,
+    environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`kvscope ARGS` with KVSCOPE_DATA_DIR set to `env_dir` when given."""
-    env = dict(os.environ)
+    """`kvscope ARGS` with KVSCOPE_DATA_DIR set to `env_dir` when given, `environ` added."""
+    env = dict(os.environ) | dict(environ or {})
     if env_dir is not None:
         env["KVSCOPE_DATA_DIR"] = str(env_dir)
     return subprocess.run(

@@ -22,7 +22,8 @@ from typing import Any
 BOS = 1
 # Text of the streamed tokens, pre-escaped for the JSON templates below.
 WORDS = tuple(json.dumps(w)[1:-1] for w in (" peng", "plaist", " brast", "plot", " cean", "riol"))
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
+_REASONS[500] = "Internal Server Error"
 
 
 def tokenize(text: str) -> list[int]:
@@ -51,6 +52,9 @@ class FakeConfig:
     tokenize_endpoint: bool = True  # False: /tokenize is 404, as on non-vLLM servers
     keep_bodies: bool = False  # keep every generation request body (tests inspect prompts)
     metrics: bool = False  # serve a minimal vLLM-style /metrics (idle gauges, no histograms)
+    # Refuse every request without `Authorization: Bearer <api_key>` (vLLM's --api-key
+    # guards its /v1 routes; this stand-in guards all of them, so a forgotten token shows).
+    api_key: str | None = None
 
 
 @dataclass
@@ -60,14 +64,20 @@ class FakeOpenAI:
     config: FakeConfig
     url: str = ""
     generations: int = 0
+    unauthorized: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
     connections: set[_Connection] = field(default_factory=set)
     streams: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def respond(self, method: str, path: str, body: bytes) -> tuple[int, bytes, list[bytes] | None]:
+    def respond(
+        self, method: str, path: str, body: bytes, auth: str | None = None
+    ) -> tuple[int, bytes, list[bytes] | None]:
         """Status and JSON body, or status and SSE events to stream, for one request."""
         cfg = self.config
+        if cfg.api_key is not None and auth != f"Bearer {cfg.api_key}":
+            self.unauthorized += 1
+            return 401, b'{"error":"Unauthorized"}', None
         if method == "GET" and path == "/v1/models":
             card: dict[str, Any] = {"id": cfg.model, "object": "model", "owned_by": "vllm"}
             # `vllm bench serve` without --model reads the id and `root` of the first model.
@@ -179,7 +189,7 @@ class _Connection(asyncio.Protocol):
         while (end := self.buf.find(b"\r\n\r\n")) >= 0:
             lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
             method, path = lines[0].split(" ")[:2]
-            length, close = 0, False
+            length, close, auth = 0, False, None
             for line in lines[1:]:
                 name, _, value = line.partition(":")
                 name = name.lower()
@@ -187,15 +197,17 @@ class _Connection(asyncio.Protocol):
                     length = int(value)
                 elif name == "connection":
                     close = value.strip().lower() == "close"
+                elif name == "authorization":
+                    auth = value.strip()
             if len(self.buf) < end + 4 + length:
                 return
             body = bytes(self.buf[end + 4 : end + 4 + length])
             del self.buf[: end + 4 + length]
-            self._answer(method, path, body, close)
+            self._answer(method, path, body, close, auth)
 
-    def _answer(self, method: str, path: str, body: bytes, close: bool) -> None:
+    def _answer(self, method: str, path: str, body: bytes, close: bool, auth: str | None) -> None:
         assert self.transport is not None
-        status, payload, events = self.fake.respond(method, path, body)
+        status, payload, events = self.fake.respond(method, path, body, auth)
         chat = path == "/v1/chat/completions"
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
         if events is None:

@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import Engine
 
-from probes.metrics import parse_metrics
+from probes.vllm.metrics import parse_metrics
 from storage import queries as q
 from storage.ingest import SampleWriter
 from storage.rollups import run_rollups

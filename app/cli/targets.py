@@ -1,0 +1,51 @@
+"""`kvscope target ...`: attach, list and remove the engines the worker scrapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from app.cli._shared import store
+
+target_app = typer.Typer(help="Manage the engines kvscope scrapes.", no_args_is_help=True)
+
+
+@target_app.command("add")
+def target_add(
+    name: Annotated[str, typer.Argument(help="a short unique name")],
+    url: Annotated[str, typer.Argument(help="engine base URL, e.g. http://10.0.0.5:8000")],
+    token_env: Annotated[
+        str | None, typer.Option(help="env variable holding a bearer token")
+    ] = None,
+) -> None:
+    """Attach an external vLLM engine; the worker starts scraping it within a second."""
+    from storage import queries as q
+
+    row = q.add_target(
+        store(), q.parse_target({"name": name, "base_url": url, "token_env": token_env})
+    )
+    typer.echo(f"added target {row.name} ({row.base_url})")
+
+
+@target_app.command("list")
+def target_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List targets with their health."""
+    from storage import queries as q
+
+    rows = q.list_targets(store())
+    if as_json:
+        typer.echo(json.dumps([r.model_dump() for r in rows], indent=2))
+        return
+    for r in rows:
+        typer.echo(f"{r.name:<20} {r.health:<9} {r.base_url}  {r.health_message or ''}")
+
+
+@target_app.command("remove")
+def target_remove(name: Annotated[str, typer.Argument()]) -> None:
+    """Remove a target and its stored history."""
+    from storage import queries as q
+
+    q.remove_target(store(), name)
+    typer.echo(f"removed target {name}")

@@ -1,0 +1,168 @@
+"""kvscope's alert rules as a Prometheus alerting-rules file, for teams that already scrape
+vLLM with Prometheus.
+
+One alert per enabled rule; each expression says what kvscope's own evaluator checks
+(probes/alerting/evaluate.py), within the limits docs/exports.md lists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, assert_never
+
+from app.exports.promql import (
+    BY,
+    duration,
+    gauge,
+    newest,
+    number,
+    observations,
+    per_second,
+    quantile,
+    selectors,
+    string,
+    tail_ratio,
+)
+from app.exports.yamlout import to_yaml
+from probes.alerting.rules import MIN_COUNT, AlertRule, RuleKind
+
+# The request-rate resolution the kv_slope steadiness test looks at (the evaluator's 60 s).
+REQUEST_RATE_RANGE = "1m"
+
+
+def _expr(rule: AlertRule, matchers: str, job: str) -> str:
+    """The rule's condition in PromQL; its value is what the annotation reports."""
+    t, w = number(rule.threshold), duration(rule.window_s)
+    kind = rule.kind
+    if kind is RuleKind.KV_SLOPE:
+        # deriv() is the least-squares slope, as the evaluator's fit; per second, so x 60.
+        kv = f"avg by ({BY}) ({gauge('kv_usage', matchers)})"
+        finished = per_second("requests_finished_total", matchers, REQUEST_RATE_RANGE)
+        rate = f"(sum by ({BY}) ({finished}))[{w}:]"
+        return (
+            f"deriv(({kv})[{w}:]) * 60 > {t}\n"
+            f"and\nstddev_over_time({rate})\n/\navg_over_time({rate})\n"
+            f"<= {number(rule.stable_rate)}"
+        )
+    if kind is RuleKind.KV_LEVEL:
+        return f"avg by ({BY}) ({gauge('kv_usage', matchers)}) > {t}"
+    if kind is RuleKind.PREEMPTIONS:
+        return f"sum by ({BY}) ({per_second('preemptions_total', matchers, w)}) > {t}"
+    if kind is RuleKind.QUEUE_DEPTH:
+        return f"sum by ({BY}) ({gauge('waiting', matchers)}) > {t}"
+    if kind is RuleKind.TAIL_RATIO:
+        assert rule.metric is not None  # AlertRule refuses a tail_ratio rule without one
+        return (
+            f"(\n{tail_ratio(rule.metric, matchers, w)}\n) > {t}\n"
+            f"and\n{observations(rule.metric, matchers, w)} >= {MIN_COUNT}"
+        )
+    if kind is RuleKind.P99_OVER_SLO:
+        assert rule.metric is not None
+        return f"{quantile(0.99, rule.metric, matchers, w)} > {t}"
+    if kind is RuleKind.OUTPUT_TAIL:
+        now = quantile(0.99, "output_len", matchers, w)
+        before = quantile(0.99, "output_len", matchers, w, offset=w)
+        return (
+            f"(\n{now}\n/\n{before}\n) > {t}\n"
+            f"and\n{observations('output_len', matchers, w)} >= {MIN_COUNT}\n"
+            f"and\n{observations('output_len', matchers, w, offset=w)} >= {MIN_COUNT}"
+        )
+    up = ", ".join(m for m in (f"job={string(job)}", matchers) if m)
+    if kind is RuleKind.TARGET_DOWN:
+        return f"up{{{up}}} == 0"
+    if kind is RuleKind.ENGINE_RESTARTING:
+        # process_start_time_seconds (prometheus_client's process collector) changes value
+        # exactly when the server process restarts. Where it is missing (vLLM in
+        # multiprocess metrics mode), a reset of a vLLM counter shows the restart instead;
+        # `or` keeps one series per instance when both exist.
+        resets = newest([f"resets({s}[{w}])" for s in selectors("prompt_tokens_total", matchers)])
+        return (
+            f"max by (instance) (changes(process_start_time_seconds{{{up}}}[{w}])) >= {t}\n"
+            f"or\nmax by (instance) ({resets}) >= {t}"
+        )
+    assert_never(kind)
+
+
+_VALUE_WORDS: dict[RuleKind, str] = {
+    RuleKind.KV_SLOPE: "{{ $value | humanizePercentage }} of the cache per minute",
+    RuleKind.KV_LEVEL: "{{ $value | humanizePercentage }} of the KV cache in use",
+    RuleKind.PREEMPTIONS: "{{ $value | humanize }} preemptions/s",
+    RuleKind.QUEUE_DEPTH: "{{ $value }} requests waiting",
+    RuleKind.TAIL_RATIO: "p99/p50 {{ $value | humanize }}",
+    RuleKind.P99_OVER_SLO: "p99 {{ $value | humanizeDuration }}",
+    RuleKind.OUTPUT_TAIL: "p99 output length {{ $value | humanize }}x the window before",
+    RuleKind.TARGET_DOWN: "up is 0",
+    RuleKind.ENGINE_RESTARTING: "{{ $value }} restart(s)",
+}
+
+
+def _literal(text: str) -> str:
+    """Text shown as is by Prometheus' templating (annotations and labels are templates)."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
+def _sentence(text: str) -> str:
+    return f"{text[:1].upper()}{text[1:]}."
+
+
+def _alert_name(rule: AlertRule) -> str:
+    """CamelCase, as Prometheus alerts are usually named: `KvscopeKVCacheNearlyFull`."""
+    words = re.findall(r"[A-Za-z0-9]+", rule.name) or rule.kind.value.split("_")
+    return "Kvscope" + "".join(w[0].upper() + w[1:] for w in words)
+
+
+def _alert(rule: AlertRule, job: str, instances: Mapping[str, str]) -> dict[str, Any]:
+    instance = instances.get(rule.target) if rule.target else None
+    matchers = f"instance={string(instance)}" if instance else ""
+    scope = "watches every instance"
+    if rule.target and instance:
+        scope = f"watches instance {instance} (kvscope target {rule.target})"
+    elif rule.target:
+        # A kvscope target name is no Prometheus label; without a mapping the rule can only
+        # watch everything, and says so rather than silently narrowing to nothing.
+        scope = (
+            f"watches every instance: kvscope applies it to target {rule.target} only, "
+            "and no instance was given for that target"
+        )
+    return {
+        "alert": _alert_name(rule),
+        "expr": _expr(rule, matchers, job),
+        "for": duration(rule.for_s),
+        "labels": {"severity": rule.severity, "kvscope_rule": _literal(rule.name)},
+        "annotations": {
+            "summary": _literal(rule.name) + " on {{ $labels.instance }}",
+            "description": _literal(f"{_sentence(rule.describe())} ")
+            + f"Now {_VALUE_WORDS[rule.kind]}. "
+            + _literal(f"kvscope rule {rule.name!r} ({rule.kind.value}) {scope}."),
+        },
+    }
+
+
+def prometheus_rules(
+    rules: Sequence[AlertRule],
+    group: str = "kvscope",
+    job: str = "vllm",
+    instances: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Prometheus alerting-rules document with one alert per enabled rule.
+
+    `job` is the scrape job of the vLLM servers (for `up` and the process metrics);
+    `instances` maps kvscope target names to Prometheus `instance` values, which narrows
+    rules that name a target.
+    """
+    mapping = instances or {}
+    return {
+        "groups": [{"name": group, "rules": [_alert(r, job, mapping) for r in rules if r.enabled]}]
+    }
+
+
+def prometheus_rules_yaml(
+    rules: Sequence[AlertRule],
+    group: str = "kvscope",
+    job: str = "vllm",
+    instances: Mapping[str, str] | None = None,
+) -> str:
+    """`prometheus_rules` as the YAML file Prometheus' `rule_files` and promtool read."""
+    header = "# Prometheus alerting rules exported by kvscope; see docs/exports.md.\n"
+    return header + to_yaml(prometheus_rules(rules, group, job, instances))

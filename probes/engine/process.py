@@ -1,0 +1,193 @@
+"""An engine's processes: launched in a process group of their own with output appended to a
+log file (never a pipe, so the engine outlives a worker crash), stopped by SIGTERM then
+SIGKILL to the whole group, and named in a pid file so the next worker can adopt them.
+Knows nothing of the store or of vLLM's HTTP API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.engine.spec import EngineSpec, engine_tmp_dir
+
+STOP_TIMEOUT_S = 30.0
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command (which may hold spaces) start after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def spec_hash(spec: EngineSpec) -> str:
+    """Identity of what runs: a changed spec means the running engine is not this one."""
+    return hashlib.sha256(json.dumps(spec.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a launch started: the group's leader, its argv, when, and where its log begins."""
+
+    pid: int
+    argv: list[str]
+    started_at: float
+    log_offset: int
+
+
+@dataclass(frozen=True)
+class LeftOver:
+    """A process group a previous worker's pid file names, still running."""
+
+    pgid: int
+    started_at: float | None
+    spec_hash: str | None
+
+    def runs(self, spec: EngineSpec) -> bool:
+        """Whether it was started from exactly this spec."""
+        return self.spec_hash == spec_hash(spec)
+
+
+class EngineProcess:
+    """One engine's process group, with its log file and pid file under `run_dir`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.log_path = run_dir / "engine.log"
+        self.pid_path = run_dir / "engine.pid"
+        self.proc: subprocess.Popen[bytes] | None = None  # None for an adopted group
+        self.pgid: int | None = None
+
+    def launch(self, spec: EngineSpec) -> Launched:
+        """Start `spec` in a new session, output appended to the log; write the pid file."""
+        tmp = engine_tmp_dir(self.run_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.environment(self.run_dir)}
+        argv = spec.argv()
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as out:
+            out.write(
+                f"\n===== kvscope: starting {spec.name} at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode()
+            )
+            out.flush()
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.run_dir,
+                start_new_session=True,
+            )
+        self.pgid = self.proc.pid
+        now = time.time()
+        self.pid_path.write_text(
+            json.dumps(
+                {
+                    "pid": self.proc.pid,
+                    "pgid": self.pgid,
+                    "started_at": now,
+                    "spec_hash": spec_hash(spec),
+                    "argv": argv,
+                }
+            )
+        )
+        return Launched(self.proc.pid, argv, now, offset)
+
+    def claim_left_over(self) -> LeftOver | None:
+        """Take over the group the pid file names if it still runs; remove a stale pid file."""
+        if not self.pid_path.exists():
+            return None
+        try:
+            info = json.loads(self.pid_path.read_text())
+            pgid = int(info["pgid"])
+        except (OSError, ValueError, KeyError):
+            self.pid_path.unlink(missing_ok=True)
+            return None
+        if not group_pids(pgid):
+            self.pid_path.unlink(missing_ok=True)
+            return None
+        self.pgid = pgid
+        return LeftOver(pgid, info.get("started_at"), info.get("spec_hash"))
+
+    def alive(self) -> bool:
+        """Whether any process of the group lives (the launched leader counts until reaped)."""
+        if self.pgid is None:
+            return False
+        if self.proc is not None and self.proc.poll() is None:
+            return True
+        return bool(group_pids(self.pgid))
+
+    def group_alive(self) -> bool:
+        """Whether a non-zombie process of the group lives."""
+        return self.pgid is not None and bool(group_pids(self.pgid))
+
+    def leader_exited(self) -> bool:
+        """Whether the process this worker launched has exited (an adopted group has none)."""
+        return self.proc is not None and self.proc.poll() is not None
+
+    def exit_code(self) -> int | None:
+        """The launched leader's exit code once it has exited (reaping it), else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def terminate(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """SIGTERM the group, SIGKILL what is left after `timeout`; True when it had to kill."""
+        pgid = self.pgid
+        if pgid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.time() + timeout
+        while group_pids(pgid) and time.time() < deadline:
+            self.exit_code()
+            time.sleep(0.2)
+        if not group_pids(pgid):
+            return False
+        self.kill()
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the whole group and wait until none of it is left (orphans hold the port)."""
+        pgid = self.pgid
+        if pgid is None or not group_pids(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        while group_pids(pgid):
+            self.exit_code()
+            time.sleep(0.1)
+
+    def forget(self) -> None:
+        """Drop the handles and the pid file: the group is gone."""
+        self.pgid, self.proc = None, None
+        self.pid_path.unlink(missing_ok=True)
+
+    def detach(self) -> None:
+        """Let go of the launched child, leaving its group running (as a dead worker would)."""
+        self.proc = None
+
+    def wipe_tmp(self) -> None:
+        """Remove the engine's temp folder (vLLM's sockets and scratch files)."""
+        shutil.rmtree(engine_tmp_dir(self.run_dir), ignore_errors=True)

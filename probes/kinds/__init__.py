@@ -1,0 +1,73 @@
+"""Probe kinds: the contract every kind fulfils, the registry, and one module per kind.
+
+A kind module (`latency`, `batch_sweep`, `oom`, `kv_usage`, `capacity`) declares its
+parameters, typed result and progress, how it runs, its form, CLI options and chart
+(`contract.ProbeKind`). `context` holds what a run may use; `runner` executes one, with
+or without the store. This room may import `planner`, `storage` and the rest of `probes`;
+the console imports it for the request and result types, never to run a probe inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.errors import UnknownChoice
+from probes.kinds import batch_sweep, capacity, kv_usage, latency, oom
+from probes.kinds.chart import Axis, Band, Chart, Mark, Trace
+from probes.kinds.context import ProbeCancelled, ProbeParams, ProbeProgress, ProbeResult
+from probes.kinds.contract import AnyKind, CliOption, FormField, ProbeKind, Row
+from probes.kinds.runner import Outcome, StoredRun, execute
+
+__all__ = [
+    "KINDS",
+    "AnyKind",
+    "Axis",
+    "Band",
+    "Chart",
+    "CliOption",
+    "FormField",
+    "Mark",
+    "Outcome",
+    "ProbeCancelled",
+    "ProbeKind",
+    "ProbeParams",
+    "ProbeProgress",
+    "ProbeResult",
+    "Row",
+    "StoredRun",
+    "Trace",
+    "execute",
+    "get_kind",
+    "parse_params",
+]
+
+# The registry: a new kind is a module above and one entry here.
+KINDS: dict[str, AnyKind] = {
+    k.name: k for k in (latency.KIND, batch_sweep.KIND, oom.KIND, kv_usage.KIND, capacity.KIND)
+}
+# Keys a run row carries beside the probe's parameters.
+RUN_KEYS = ("target_url", "schedule_id")
+
+
+def get_kind(name: str) -> AnyKind:
+    """The kind called `name`."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownChoice("probe", name, KINDS) from None
+
+
+def parse_params(
+    kind: str, data: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]] | None = None
+) -> ProbeParams:
+    """Validated parameters of a probe; InvalidInput names every bad field.
+
+    A `profile` naming one of the user's stored `profiles` is replaced by its definition.
+    """
+    clean = {k: v for k, v in data.items() if k not in RUN_KEYS}
+    name = clean.get("profile")
+    if isinstance(name, str) and profiles and name in profiles:
+        clean["profile"] = dict(profiles[name])
+    params: ProbeParams = get_kind(kind).parse(clean)
+    return params

@@ -1,0 +1,78 @@
+"""The worker's managed engines: one `EngineManager` per stored spec, made on first use and
+given a changed spec while its engine is down; adoption or cleanup of what a previous worker
+left running, the periodic supervision pass, and stopping (or abandoning) them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+from sqlalchemy import Engine
+
+from probes.engine.manager import EngineManager
+from probes.engine.spec import parse_spec
+from storage import queries as q
+
+log = logging.getLogger("kvscope.worker")
+
+
+class EngineRegistry(Mapping[str, EngineManager]):
+    """The managers made so far, by engine name (a read-only mapping)."""
+
+    def __init__(self, store: Engine, data_dir: Path, http: httpx.Client) -> None:
+        self.store = store
+        self.data_dir = data_dir
+        self.http = http
+        self._managers: dict[str, EngineManager] = {}
+        # Jobs, run handlers and the main loop ask at once; one manager per engine, always.
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> EngineManager:
+        return self._managers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._managers))
+
+    def __len__(self) -> int:
+        return len(self._managers)
+
+    def manager(self, name: str) -> EngineManager:
+        """The manager of a stored engine spec, created on first use, updated if idle."""
+        spec_data, _ = q.get_engine_spec(self.store, name)
+        spec = parse_spec(spec_data)
+        with self._lock:
+            manager = self._managers.get(name)
+            if manager is None:
+                manager = EngineManager(self.store, self.data_dir, spec, self.http)
+                self._managers[name] = manager
+            elif manager.spec != spec and not manager.alive():
+                manager.spec = spec
+        return manager
+
+    def adopt_or_clean(self) -> None:
+        """At start: adopt each engine a previous worker left running as specified, or stop it."""
+        for name, _, desired in q.list_engine_specs(self.store):
+            try:
+                self.manager(name).adopt_or_clean(desired)
+            except Exception:
+                log.exception("could not adopt or clean up engine %s", name)
+
+    def supervise(self) -> None:
+        """One supervision pass over every stored engine."""
+        for name, _, desired in q.list_engine_specs(self.store):
+            self.manager(name).poll(desired)
+
+    def stop_all(self, keep: bool = False) -> None:
+        """Stop every engine, or with `keep` leave them running unwatched (a crashed worker)."""
+        for manager in list(self._managers.values()):
+            if keep:
+                manager.abandon()
+                continue
+            try:
+                manager.stop(reason="stopped with the worker")
+            except Exception:
+                log.exception("could not stop engine %s", manager.spec.name)
