@@ -1,0 +1,25 @@
+"""The only code that speaks to a vLLM engine, and what it says back.
+
+client (`VllmClient`, `AsyncVllmClient`, `Target`, `Endpoint`: every engine path, the
+bearer token, limits and error messages), metrics (the metrics page parsed and every known
+spelling mapped to kvscope's canonical names), logparse (startup and error lines of the
+engine's log turned into facts). May import `planner` and `storage` (names, schemas).
+"""
+
+from probes.vllm.client import AsyncVllmClient, Endpoint, Target, VllmClient
+from probes.vllm.logparse import LogFact, LogParser
+from probes.vllm.metrics import SPELLINGS, ParsedSample, ParsedScrape, parse_metrics, summarize
+
+__all__ = [
+    "SPELLINGS",
+    "AsyncVllmClient",
+    "Endpoint",
+    "LogFact",
+    "LogParser",
+    "ParsedSample",
+    "ParsedScrape",
+    "Target",
+    "VllmClient",
+    "parse_metrics",
+    "summarize",
+]
