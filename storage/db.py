@@ -153,7 +153,14 @@ def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(path).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise DatabaseUnavailable(
+                    f"cannot create the database folder {folder} ({err.strerror}): check "
+                    "KVSCOPE_DATA_DIR and that this user may write there"
+                ) from err
         kwargs.setdefault("connect_args", {"timeout": busy_timeout_ms / 1000})
     store = create_engine(url, **kwargs)
     if store.dialect.name == "sqlite":

@@ -1,6 +1,6 @@
 """Canonical metric vocabulary: the names kvscope stores, whatever vLLM version exposed them.
 
-The scraper (`probes/metrics.py`) maps every known vLLM spelling onto these names; storage,
+The scraper (`probes/vllm/metrics.py`) maps every known vLLM spelling onto these names; storage,
 derivations and pages only ever speak canonical. Counters keep Prometheus' `_total` suffix;
 a histogram `h` is stored as `h_bucket` (label `le`), `h_sum` and `h_count`.
 """

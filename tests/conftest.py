@@ -35,6 +35,6 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 @pytest.fixture
 def store(settings: Settings) -> Iterator[Engine]:
     """A migrated SQLite file store."""
-    engine = open_store(settings.db_url)
-    yield engine
-    engine.dispose()
+    store = open_store(settings.db_url)
+    yield store
+    store.dispose()

@@ -1,6 +1,6 @@
 """Early-warning alert rules: what each kind watches, its defaults, and a user's edits.
 
-One definition serves the worker's evaluator (`probes/alerts.py`, on kvscope's stored
+One definition serves the worker's evaluator (`probes/alerting/evaluate.py`, on kvscope's stored
 series) and the exports for teams that alert with Prometheus (`app/exports/`). Every
 rule has a threshold, a duration (`for_s`: how long the condition must hold before it
 fires), a window for the rates, slopes and quantiles it looks at, and a severity.

@@ -232,8 +232,7 @@ def _failed(step: Step, stop_on: str) -> bool:
 
 
 async def run(ctx: ProbeContext, params: Params) -> Result:
-    """Run the probe."""
-    KIND.admit(params, ctx.managed)
+    """Run the probe (`runner.execute` has refused an engine it may not push)."""
     if not await ctx.healthy():
         raise KvscopeError(f"{ctx.base_url} is not healthy before the probe; nothing was sent")
     steps: list[Step] = []

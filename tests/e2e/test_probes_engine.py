@@ -81,8 +81,10 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
         assert s["engine"]["e2e"]["count"] == s["requests"]
         ours.append(s["ttft_from_send_s"]["p50"])
         bench.append(_vllm_bench(live, cpu_engine, seed, rate=3, n=s["requests"]))
-    gap = abs(statistics.median(ours) - statistics.median(bench))
-    print(f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, gap {gap * 1000:.2f} ms")
+    # Paired rounds: the median of the per-round differences, so one round disturbed by
+    # the (shared) machine cannot decide the verdict.
+    gap = abs(statistics.median(a - b for a, b in zip(ours, bench, strict=True)))
+    print(f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, paired gap {gap * 1000:.2f} ms")
     assert gap <= 0.002
     runs = q.list_runs(live.worker.store, kind="latency")
     assert len(q.run_records(live.worker.store, runs[0].id)) == runs[0].summary["requests"]

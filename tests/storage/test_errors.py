@@ -171,3 +171,10 @@ def test_a_bug_in_a_statement_is_not_disguised_as_a_storage_error(store: Engine)
     with store.connect() as conn, pytest.raises(StatementError) as caught:
         conn.execute(select(literal(1, type_=_Refuses())))
     assert not isinstance(caught.value, StorageError | DBAPIError)
+
+
+def test_a_data_directory_under_a_file_is_a_clear_storage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(DatabaseUnavailable, match="cannot create the database folder"):
+        open_store(f"sqlite:///{blocker / 'sub' / 'kvscope.db'}")
