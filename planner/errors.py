@@ -13,6 +13,8 @@ KvscopeError                 base: message is safe to show a user as is
 │   ├── DatabaseUnavailable  cannot open or write the database: fix its path, rights, URL
 │   ├── DatabaseTooNew       written by a newer kvscope: upgrade kvscope
 │   └── Conflict             the change clashes with stored rows (a name taken): change it
+├── LimitExceeded            a bound kvscope keeps was reached (series per target, ...)
+├── Cancelled                work stopped on request (or at its deadline); what it did is kept
 └── EngineError              the managed engine could not be started, stopped or found
 """
 
@@ -75,6 +77,14 @@ class DatabaseTooNew(StorageError):
 
 class Conflict(StorageError):
     """A write clashed with a constraint (a name already taken, a row since removed)."""
+
+
+class LimitExceeded(KvscopeError):
+    """A bound kvscope keeps on what it stores or runs was reached; the message names it."""
+
+
+class Cancelled(KvscopeError):
+    """Work stopped on request, or at its deadline; what it measured so far is kept."""
 
 
 class EngineError(KvscopeError):

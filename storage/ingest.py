@@ -18,6 +18,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
+from planner.errors import LimitExceeded
 from storage.db import transaction
 from storage.tables import Sample, Series
 
@@ -68,21 +69,31 @@ class SampleWriter:
     """Keeps series ids and last stored values in memory; one instance per worker process."""
 
     def __init__(self, store: Engine, heartbeat_s: float = HEARTBEAT_S) -> None:
-        self.engine = store
+        self.store = store
         self.heartbeat_s = heartbeat_s
         self._ids: dict[tuple[int, str, str], int] = {}
         self._raw: dict[int, str] = {}
         self._last: dict[int, tuple[float, float]] = {}
         self._insert = insert_ignoring_duplicates(store, Sample)
 
-    def write(self, target_id: int, points: Iterable[PointLike], ts: float) -> int:
-        """Store the points of one scrape taken at `ts`; return how many rows were written."""
+    def write(
+        self,
+        target_id: int,
+        points: Iterable[PointLike],
+        ts: float,
+        series_limit: int | None = None,
+    ) -> int:
+        """Store the points of one scrape taken at `ts`; return how many rows were written.
+
+        With `series_limit`, a write that would give the target more series than that is
+        refused whole (LimitExceeded), so label churn cannot add series forever.
+        """
         pts = [p for p in points if not math.isnan(p.value)]
         # Series created here exist only once the transaction commits: they join the cache
         # after it, so a failed write (a StorageError from the boundary) leaves no stale id.
         created: dict[tuple[int, str, str], int] = {}
-        with transaction(self.engine) as session:
-            ids = self._resolve(session, target_id, pts, created)
+        with transaction(self.store) as session:
+            ids = self._resolve(session, target_id, pts, created, series_limit)
             new_ids = set(created.values())
             # A series created just now already carries its raw name.
             renamed = {
@@ -123,6 +134,7 @@ class SampleWriter:
         target_id: int,
         pts: list[PointLike],
         created: dict[tuple[int, str, str], int],
+        series_limit: int | None,
     ) -> list[int]:
         keys = [(target_id, p.series, labels_key(p.labels)) for p in pts]
         missing = {k for k in keys if k not in self._ids}
@@ -136,8 +148,17 @@ class SampleWriter:
             for sid, metric, lk, raw in known:
                 self._ids[(target_id, metric, lk)] = sid
                 self._raw[sid] = raw
+            new = sorted(k for k in missing if k not in self._ids)
+            if series_limit is not None and new:
+                have = sum(1 for k in self._ids if k[0] == target_id)
+                if have + len(new) > series_limit:
+                    raise LimitExceeded(
+                        f"this scrape would add {len(new):,} series to the {have:,} stored for "
+                        f"the target, over its series limit of {series_limit:,}; nothing was "
+                        "stored"
+                    )
             by_key = {k: p for k, p in zip(keys, pts, strict=True)}
-            for key in sorted(k for k in missing if k not in self._ids):
+            for key in new:
                 p = by_key[key]
                 row = Series(
                     target_id=target_id,

@@ -7,12 +7,13 @@ input with the same message.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from planner.errors import InvalidInput
+from planner.errors import InvalidInput, validation_message
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
@@ -37,6 +38,69 @@ def normalize_base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+class ScrapeLimits(BaseModel):
+    """How one target is scraped, and what a scrape may bring: over a limit, the scrape fails
+    with the reason and stores nothing but `up` = 0 and its duration (as Prometheus does).
+
+    Defaults come from the settings (`KVSCOPE_SCRAPE_INTERVAL_S`, `KVSCOPE_SCRAPE_TIMEOUT_S`,
+    `KVSCOPE_SCRAPE_LIMITS__*`); a target may override any of them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval_s: float = Field(2.0, ge=0.2, le=300.0, description="seconds between scrapes")
+    timeout_s: float = Field(
+        3.0,
+        gt=0,
+        le=60.0,
+        description="the whole scrape: connect, headers, body; at most the interval",
+    )
+    body_limit_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="bytes of the (decompressed) metrics page"
+    )
+    sample_limit: int = Field(20_000, ge=1, description="sample lines in one page")
+    label_limit: int = Field(30, ge=1, description="labels on one sample")
+    label_value_length_limit: int = Field(2048, ge=16, description="characters of one label value")
+    series_limit: int = Field(
+        10_000,
+        ge=1,
+        description="series stored for one target (a new label value each scrape "
+        "would otherwise add series forever)",
+    )
+
+    @property
+    def deadline_s(self) -> float:
+        """The effective timeout: a scrape never outlasts its interval."""
+        return min(self.timeout_s, self.interval_s)
+
+    def merged(self, overrides: Mapping[str, Any] | None) -> ScrapeLimits:
+        """These limits with a target's overrides applied (validated: InvalidInput)."""
+        if not overrides:
+            return self
+        try:
+            return ScrapeLimits.model_validate(self.model_dump() | dict(overrides))
+        except ValidationError as err:
+            raise InvalidInput(f"invalid scrape settings: {validation_message(err)}") from err
+
+
+class ProbeLimits(BaseModel):
+    """What one probe may ask of an engine and of the worker: a request over a limit is
+    refused before anything runs (`KVSCOPE_PROBE_LIMITS__*`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_rate: float = Field(1000.0, gt=0, description="requests per second")
+    max_duration_s: float = Field(4 * 3600.0, gt=0, description="seconds of load in one step")
+    max_requests: int = Field(100_000, ge=1, description="requests one run plans in all")
+    max_in_flight: int = Field(
+        512,
+        ge=1,
+        description="requests in flight at once: a closed loop's concurrency, and in an open "
+        "loop the point past which a due request is recorded as not sent (and so a miss)",
+    )
+    max_run_s: float = Field(6 * 3600.0, gt=0, description="a whole run, all steps: its deadline")
+
+
 class TargetIn(BaseModel):
     """A target as a user describes it."""
 
@@ -48,6 +112,14 @@ class TargetIn(BaseModel):
     enabled: bool = True
     token_env: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Overrides of the worker's scrape settings (ScrapeLimits field names), checked on save.
+    scrape: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("scrape")
+    @classmethod
+    def _scrape(cls, v: dict[str, float]) -> dict[str, float]:
+        ScrapeLimits().merged(v)  # unknown names and bad values are refused here
+        return v
 
     @field_validator("name")
     @classmethod
@@ -97,6 +169,7 @@ class TargetRow(BaseModel):
     block_size: int | None
     cache_dtype: str | None
     cache_info: dict[str, Any]
+    scrape: dict[str, float] = Field(default_factory=dict)
 
 
 class EventRow(BaseModel):
@@ -126,6 +199,7 @@ class RunRow(BaseModel):
     created_at: float
     started_at: float | None
     finished_at: float | None
+    deadline_at: float | None = None
 
 
 class ScheduleRow(BaseModel):

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from storage.schemas import ProbeLimits, ScrapeLimits
+
 
 class Retention(BaseModel):
     """How long each resolution is kept."""
@@ -34,8 +36,14 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default is a SQLite file in the data directory"
     )
-    scrape_interval_s: float = Field(2.0, ge=0.2, le=60.0)
-    scrape_timeout_s: float = Field(3.0, gt=0, le=60.0)
+    # How targets are scraped and what a scrape may bring (each target may override any of
+    # these): KVSCOPE_SCRAPE__TIMEOUT_S, KVSCOPE_SCRAPE__SAMPLE_LIMIT, ...
+    scrape: ScrapeLimits = Field(default_factory=ScrapeLimits)
+    # The older names of the interval and the timeout, still read: they set scrape.*.
+    scrape_interval_s: float | None = Field(None, ge=0.2, le=300.0)
+    scrape_timeout_s: float | None = Field(None, gt=0, le=60.0)
+    # What one probe may ask: KVSCOPE_PROBE_LIMITS__MAX_RATE, ..._MAX_IN_FLIGHT, ...
+    probe_limits: ProbeLimits = Field(default_factory=ProbeLimits)
     gpu_interval_s: float = Field(5.0, ge=0.5, le=300.0)
     rollup_interval_s: float = Field(60.0, ge=5.0)
     work_poll_s: float = Field(1.0, gt=0, le=30.0)
@@ -58,6 +66,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _resolve(self) -> Settings:
         self.data_dir = self.data_dir.expanduser().resolve()
+        older = {"interval_s": self.scrape_interval_s, "timeout_s": self.scrape_timeout_s}
+        given = {k: v for k, v in older.items() if v is not None}
+        if given:
+            self.scrape = self.scrape.model_copy(update=given)
+            self.scrape_interval_s = self.scrape_timeout_s = None
         return self
 
     @property

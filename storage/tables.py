@@ -58,6 +58,8 @@ class Target(Base):
     block_size: Mapped[int | None] = mapped_column(Integer)
     cache_dtype: Mapped[str | None] = mapped_column(String(40))
     cache_info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Overrides of the worker's scrape settings (storage.schemas.ScrapeLimits field names).
+    scrape: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[float] = mapped_column(Float, default=_now)
 
     series: Mapped[list[Series]] = relationship(
@@ -125,7 +127,7 @@ class ProbeRun(Base):
     kind: Mapped[str] = mapped_column(String(50))
     target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"))
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    # queued | running | done | failed | cancelled | interrupted
+    # queued | running | done | failed | cancelled | interrupted | timed_out
     status: Mapped[str] = mapped_column(String(20), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -134,6 +136,8 @@ class ProbeRun(Base):
     created_at: Mapped[float] = mapped_column(Float, default=_now)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+    # When a running item must have ended (wall clock, set when it is claimed).
+    deadline_at: Mapped[float | None] = mapped_column(Float)
 
     records: Mapped[list[RequestRecord]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True
@@ -279,3 +283,18 @@ class WorkerState(Base):
     key: Mapped[str] = mapped_column(String(50), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
+class WorkerLease(Base):
+    """Who may run as the worker of this store: one row per lease name, held by one process
+    until it stops renewing it (`expires_at`), so two workers never share a store."""
+
+    __tablename__ = "worker_leases"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))  # a random id per worker process
+    pid: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)

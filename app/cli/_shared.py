@@ -6,14 +6,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import ValidationError
-from sqlalchemy import Engine
 
 from planner.errors import InvalidInput, KvscopeError, validation_message
 from storage.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 # The repository root: the console runs app/main.py from here, beside .streamlit/.
 ROOT = Path(__file__).resolve().parents[2]

@@ -94,9 +94,9 @@ def run_cli_probe(
     token_env: str | None = None,
 ) -> None:
     """Validate, store a running row, run with a progress bar, store and print the outcome."""
+    from probes.engine.spec import address
     from probes.kinds import StoredRun, parse_params
     from probes.kinds.context import stored
-    from probes.kinds.runner import address
     from probes.vllm.client import Target
     from storage import queries as q
     from storage.db import open_store

@@ -11,14 +11,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy import Engine
 
 from app.cli._shared import ROOT, log_setup, settings
 from planner.errors import KvscopeError
 from storage.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 def worker(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:

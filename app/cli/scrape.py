@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-import httpx
 import typer
 
 from app.cli._shared import print_summary
@@ -26,8 +25,7 @@ def scrape(
     from storage.schemas import normalize_base_url
 
     base = normalize_base_url(url)
-    with httpx.Client() as http:
-        summary = summarize(VllmClient(Target.resolve(base, token_env), http).scrape(timeout))
+    summary = summarize(VllmClient(Target.resolve(base, token_env)).scrape(timeout))
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:

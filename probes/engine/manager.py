@@ -54,11 +54,15 @@ class EngineManager:
     """One managed engine. Thread-safe: the worker's jobs and run handlers share it."""
 
     def __init__(
-        self, store: Engine, data_dir: Path, spec: EngineSpec, http: httpx.Client | None = None
+        self,
+        store: Engine,
+        data_dir: Path,
+        spec: EngineSpec,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.store = store
         self.spec = spec
-        self.http = http or httpx.Client()
+        self.transport = transport
         self.process = EngineProcess(data_dir / "engines" / spec.name)
         self.logs = LogFollower(
             self.process.log_path, self._record_fact, name=f"engine-log-{spec.name}"
@@ -261,7 +265,7 @@ class EngineManager:
     @property
     def vllm(self) -> VllmClient:
         """The engine's client (its spec may change between starts)."""
-        return VllmClient(self.spec.target, self.http)
+        return VllmClient(self.spec.target, self.transport)
 
     def check_health(self) -> bool:
         """Ask for health once; the first answer of a starting engine makes it running."""

@@ -16,15 +16,18 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from planner.errors import EngineError, InvalidInput, validation_message
+from planner.errors import EngineError, InvalidInput, NotFound, validation_message
 from probes.engine.venv.tinymodel import TinyParams, command, is_complete
 from probes.vllm.client import Target
-from storage.schemas import NAME_RE
+from storage.schemas import NAME_RE, TargetRow
 from storage.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 ENTRY = Path(__file__).resolve().parent / "venv" / "vllm_entry.py"
 CPU_BLOCK_MULTIPLE = 32
@@ -322,3 +325,16 @@ def build_tiny_model(
     if res.returncode != 0:
         raise EngineError(f"building the tiny model failed: {res.stderr.strip()[-500:]}")
     return folder
+
+
+def address(store: Engine, target: TargetRow) -> Target:
+    """Where a stored target answers and with which token: a managed engine's key is in its
+    spec, an attached engine's in the variable the target names (read now)."""
+    from storage import queries as q  # the store's query layer, only when asked
+
+    if target.managed:
+        try:
+            return parse_spec(q.get_engine_spec(store, target.name)[0]).target
+        except NotFound:
+            pass  # a managed target whose spec was removed: its URL, no key
+    return Target.resolve(target.base_url, target.token_env)

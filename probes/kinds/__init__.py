@@ -9,15 +9,19 @@ the console imports it for the request and result types, never to run a probe in
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import UnknownChoice
 from probes.kinds import batch_sweep, capacity, kv_usage, latency, oom
 from probes.kinds.chart import Axis, Band, Chart, Mark, Trace
 from probes.kinds.context import ProbeCancelled, ProbeParams, ProbeProgress, ProbeResult
 from probes.kinds.contract import AnyKind, CliOption, FormField, ProbeKind, Row
-from probes.kinds.runner import Outcome, StoredRun, execute
+from storage.schemas import ProbeLimits
+
+if TYPE_CHECKING:
+    from probes.kinds.runner import Outcome, StoredRun, execute
 
 __all__ = [
     "KINDS",
@@ -59,9 +63,13 @@ def get_kind(name: str) -> AnyKind:
 
 
 def parse_params(
-    kind: str, data: Mapping[str, Any], profiles: Mapping[str, Mapping[str, Any]] | None = None
+    kind: str,
+    data: Mapping[str, Any],
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    limits: ProbeLimits | None = None,
 ) -> ProbeParams:
-    """Validated parameters of a probe; InvalidInput names every bad field.
+    """Validated parameters of a probe; InvalidInput names every bad field, or the limit a
+    run would go over (with `limits`, as every entry point passes them).
 
     A `profile` naming one of the user's stored `profiles` is replaced by its definition.
     """
@@ -69,5 +77,16 @@ def parse_params(
     name = clean.get("profile")
     if isinstance(name, str) and profiles and name in profiles:
         clean["profile"] = dict(profiles[name])
-    params: ProbeParams = get_kind(kind).parse(clean)
+    probe = get_kind(kind)
+    params: ProbeParams = probe.parse(clean)
+    if limits is not None:
+        probe.check(params, limits)
     return params
+
+
+def __getattr__(name: str) -> Any:
+    """The runner's names, loaded on first use: it needs the store, which the console's
+    forms and the CLI's help do not."""
+    if name in ("Outcome", "StoredRun", "execute"):
+        return getattr(importlib.import_module("probes.kinds.runner"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,9 @@ from pydantic import Field, model_validator
 
 from probes.kinds.chart import Axis, Chart, Color, Mark, Trace
 from probes.kinds.context import (
+    PROMPT_BUILD_S,
     Figures,
+    PlannedLoad,
     ProbeContext,
     ProbeParams,
     ProbeProgress,
@@ -67,6 +69,18 @@ class Params(ProbeParams):
             out.append(c)
             c *= 2
         return [*out, self.max_concurrency]
+
+    def requests(self, concurrency: int) -> int:
+        """Requests sent at one concurrency."""
+        return self.requests_per_step or max(8, 2 * concurrency)
+
+    def load(self) -> PlannedLoad:
+        steps = self.steps()
+        return PlannedLoad(
+            requests=sum(self.requests(c) for c in steps),
+            run_s=len(steps) * (self.request_timeout_s + 60.0) + PROMPT_BUILD_S,
+            in_flight=max(steps),
+        )
 
     def workload(self) -> Profile:
         """Fixed lengths unless a profile is given."""
@@ -168,14 +182,13 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     steps: list[Step] = []
     for i, c in enumerate(concurrencies):
         ctx.check_cancel()
-        n = params.requests_per_step or max(8, 2 * c)
+        n = params.requests(c)
         ctx.report(
             i / len(concurrencies), Progress(phase=f"concurrency {c}: {n} requests", steps=steps)
         )
         specs = await ctx.profile_prompts(params.workload(), n, params.seed + i, params.api)
         async with Sampler(ctx) as sampler:
-            result = await ctx.closed_loop(params, specs, c)
-        ctx.sink(result.records, f"concurrency={c}")
+            result = await ctx.closed_loop(params, f"concurrency={c}", specs, c)
         s = result.summary()
         steps.append(
             Step(

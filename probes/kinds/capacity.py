@@ -12,7 +12,14 @@ from pydantic import Field, model_validator
 
 from probes.kinds import latency
 from probes.kinds.chart import Axis, Chart, Mark, Trace
-from probes.kinds.context import Figures, ProbeContext, ProbeProgress, ProbeResult
+from probes.kinds.context import (
+    PROMPT_BUILD_S,
+    Figures,
+    PlannedLoad,
+    ProbeContext,
+    ProbeProgress,
+    ProbeResult,
+)
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
 from probes.load.generator import Percentiles
 
@@ -27,6 +34,19 @@ class Params(latency.Params):
     max_rate: float = Field(64.0, gt=0, description="highest rate tried")
     iterations: int = Field(3, ge=0, le=10, description="bisection steps after bracketing")
     duration_s: float = Field(20.0, gt=0, le=3600, description="seconds per rate")
+
+    def attempts(self) -> int:
+        """Rates tried at most: doubling from start_rate past max_rate, then bisecting."""
+        return 2 + self.iterations + max(0, int(self.max_rate / self.start_rate).bit_length())
+
+    def load(self) -> PlannedLoad:
+        per_rate = self.arrivals(self.max_rate).expected(self.duration_s)
+        return PlannedLoad(
+            requests=per_rate * self.attempts(),
+            run_s=self.attempts() * (self.duration_s + self.request_timeout_s + PROMPT_BUILD_S),
+            rate=self.max_rate,
+            step_s=self.duration_s,
+        )
 
     @model_validator(mode="after")
     def _bounds(self) -> Params:
@@ -78,7 +98,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     """Run the probe."""
     steps: list[Step] = []
     untrusted: list[str] = []
-    expected = 2 + params.iterations + max(0, int(params.max_rate / params.start_rate).bit_length())
+    expected = params.attempts()
 
     async def attempt(rate: float) -> bool:
         ctx.check_cancel()

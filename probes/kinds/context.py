@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner import slo
-from planner.errors import InvalidInput, KvscopeError
+from planner.errors import Cancelled, InvalidInput, KvscopeError
 from planner.stats import histogram_quantile
 from probes.engine.spec import EngineSpec
 from probes.load.generator import (
+    Arrival,
     Bounds,
     Progress,
     RequestResult,
@@ -33,8 +37,14 @@ from probes.load.generator import (
 from probes.load.workloads import Profile, PromptBuilder, RequestShape
 from probes.vllm.client import Api, AsyncVllmClient, Endpoint
 from probes.vllm.metrics import ParsedScrape
+from storage.schemas import ProbeLimits
 
 T = TypeVar("T")
+# Runs of up to this many requests get every prompt before they start; longer ones a
+# window of this many ahead.
+PROMPTS_AHEAD = 1024
+PROMPT_BUILD_S = 120.0  # allowance for building prompts, in a run's deadline
+SAMPLE_TIMEOUT_S = 2.0  # a scrape during a run: short, so a cancel is honoured in time
 
 
 class Figures(BaseModel):
@@ -42,6 +52,22 @@ class Figures(BaseModel):
     runs stored by an older kvscope still load."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+@dataclass(frozen=True)
+class PlannedLoad:
+    """What a probe's parameters ask of an engine, checked against the limits before it runs.
+
+    `rate` and `step_s` are the highest rate and longest stretch of load of any step,
+    `requests` all it plans, `in_flight` a closed loop's concurrency, `run_s` how long the
+    whole run may take (its deadline is drawn from it).
+    """
+
+    requests: int
+    run_s: float
+    rate: float | None = None
+    step_s: float | None = None
+    in_flight: int | None = None
 
 
 class ProbeParams(BaseModel):
@@ -52,6 +78,10 @@ class ProbeParams(BaseModel):
     seed: int = 0
     api: Literal["completions", "chat"] = "completions"
     request_timeout_s: float = Field(300.0, gt=0)
+
+    @abstractmethod
+    def load(self) -> PlannedLoad:
+        """What the run asks for; each kind says."""
 
 
 class ProbeProgress(Figures):
@@ -67,10 +97,7 @@ class ProbeResult(Figures):
     target: str | None = None
 
 
-class ProbeCancelled(KvscopeError):
-    """The user stopped the probe; what it measured so far is kept."""
-
-
+ProbeCancelled = Cancelled  # the name probes know it by
 Report = Callable[[float, ProbeProgress], None]
 Sink = Callable[[Sequence[RequestResult], str], None]
 
@@ -90,6 +117,7 @@ class ProbeContext:
     sink: Sink = lambda records, step: None
     managed: bool = False
     spec: EngineSpec | None = None
+    limits: ProbeLimits = field(default_factory=ProbeLimits)
 
     @property
     def base_url(self) -> str:
@@ -102,31 +130,45 @@ class ProbeContext:
     async def open_loop(
         self,
         params: ProbeParams,
-        specs: Sequence[RequestSpec],
-        schedule: Sequence[float],
+        step: str,
+        specs: Sequence[RequestSpec] | AsyncIterator[RequestSpec],
+        schedule: Sequence[float] | Iterable[float],
         *,
+        planned: int | None = None,
         max_duration_s: float | None = None,
         progress: Progress | None = None,
         lateness_limit_s: float = 0.010,
     ) -> RunResult:
-        """The open loop against this target, with the probe's request timeout and cancel."""
+        """The open loop against this target, with the probe's request timeout, in-flight cap
+        and cancel; its records go to the sink as it runs, tagged with `step`."""
         return await run_open_loop(
             self.vllm.http,
             self.endpoint(params.api),
             specs,
             schedule,
             bounds=Bounds(
-                max_duration_s=max_duration_s, request_timeout_s=params.request_timeout_s
+                max_duration_s=max_duration_s,
+                request_timeout_s=params.request_timeout_s,
+                max_in_flight=self.limits.max_in_flight,
             ),
             cancel=self.cancelled,
             progress=progress,
             lateness_limit_s=lateness_limit_s,
+            planned=planned,
+            on_records=lambda records: self.sink(records, step),
+            keep_records=False,
         )
 
     async def closed_loop(
-        self, params: ProbeParams, specs: Sequence[RequestSpec], concurrency: int
+        self,
+        params: ProbeParams,
+        step: str,
+        specs: Sequence[RequestSpec],
+        concurrency: int,
+        keep_records: bool = False,
     ) -> RunResult:
-        """The closed loop against this target, with the probe's request timeout and cancel."""
+        """The closed loop against this target, with the probe's request timeout and cancel;
+        its records go to the sink as it runs (and stay in the result with `keep_records`)."""
         return await run_closed_loop(
             self.vllm.http,
             self.endpoint(params.api),
@@ -134,6 +176,8 @@ class ProbeContext:
             concurrency,
             bounds=Bounds(request_timeout_s=params.request_timeout_s),
             cancel=self.cancelled,
+            on_records=lambda records: self.sink(records, step),
+            keep_records=keep_records,
         )
 
     def check_cancel(self) -> None:
@@ -145,7 +189,9 @@ class ProbeContext:
         self, shapes: Sequence[RequestShape], seed: int, api: Api = "completions"
     ) -> list[RequestSpec]:
         """Prompts of exactly the shapes' token counts, by the target's own tokenizer."""
-        builder = PromptBuilder(self.vllm, self.model, chat=api == "chat", seed=seed)
+        builder = PromptBuilder(
+            self.vllm, self.model, chat=api == "chat", seed=seed, cancelled=self.cancelled
+        )
         return await builder.build(shapes)
 
     async def profile_prompts(
@@ -154,14 +200,49 @@ class ProbeContext:
         """`n` prompts drawn from a workload profile."""
         return await self.prompts(profile.shapes(n, seed), seed, api)
 
-    async def scrape(self) -> ParsedScrape:
-        """The target's metrics now."""
-        return await self.vllm.scrape()
+    async def workload(
+        self,
+        profile: Profile,
+        arrivals: Arrival,
+        duration_s: float,
+        seed: int,
+        api: Api = "completions",
+        max_requests: int | None = None,
+    ) -> tuple[
+        Sequence[RequestSpec] | AsyncIterator[RequestSpec], Sequence[float] | Iterator[float]
+    ]:
+        """Prompts and send times for one open-loop run.
+
+        A run of up to PROMPTS_AHEAD requests gets its whole schedule and every prompt
+        before it starts (no tokenizer calls during the measurement); a longer one gets both
+        as it goes, prompts built a window ahead, so memory follows the window, not the plan.
+        """
+        if arrivals.expected(duration_s) <= PROMPTS_AHEAD:
+            schedule = arrivals.within(duration_s, seed)[:max_requests]
+            return await self.profile_prompts(profile, len(schedule), seed, api), schedule
+        times: Iterator[float] = arrivals.stream(duration_s, seed)
+        if max_requests:
+            times = itertools.islice(times, max_requests)
+        builder = PromptBuilder(
+            self.vllm, self.model, chat=api == "chat", seed=seed, cancelled=self.cancelled
+        )
+        shapes = profile.iter_shapes(np.random.default_rng(seed))
+        return builder.stream(shapes, PROMPTS_AHEAD), times
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait, but no longer than until the user cancels (checked every 0.1 s)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not self.cancelled():
+            await asyncio.sleep(min(left, 0.1))
+
+    async def scrape(self, timeout: float = SAMPLE_TIMEOUT_S) -> ParsedScrape:
+        """The target's metrics now (a frozen target costs `timeout`, never a cancel)."""
+        return await self.vllm.scrape(timeout)
 
     async def scrape_or_none(self) -> ParsedScrape | None:
         """The target's metrics, or None from a server without vLLM's."""
         try:
-            return await self.vllm.scrape()
+            return await self.vllm.scrape(SAMPLE_TIMEOUT_S)
         except KvscopeError:
             return None
 

@@ -17,8 +17,15 @@ from pydantic import BaseModel
 
 from planner.errors import InvalidInput
 from probes.kinds.chart import Chart
-from probes.kinds.context import ProbeContext, ProbeParams, ProbeProgress, ProbeResult
+from probes.kinds.context import (
+    PlannedLoad,
+    ProbeContext,
+    ProbeParams,
+    ProbeProgress,
+    ProbeResult,
+)
 from probes.load.generator import validated
+from storage.schemas import ProbeLimits
 
 P = TypeVar("P", bound=ProbeParams)
 R = TypeVar("R", bound=ProbeResult)
@@ -95,6 +102,27 @@ class ProbeKind(Generic[P, R, G]):
                 "(--set allow_external=true)"
             )
 
+    def check(self, params: P, limits: ProbeLimits) -> PlannedLoad:
+        """Refuse, with one line naming the limit, a run that asks more than the limits allow."""
+        load = params.load()
+        over = [
+            (load.rate, limits.max_rate, "rate", "req/s", "MAX_RATE"),
+            (load.step_s, limits.max_duration_s, "duration", "s", "MAX_DURATION_S"),
+            (load.requests, limits.max_requests, "planned requests", "", "MAX_REQUESTS"),
+            (load.in_flight, limits.max_in_flight, "requests in flight", "", "MAX_IN_FLIGHT"),
+        ]
+        for asked, limit, what, unit, env in over:
+            if asked is not None and asked > limit:
+                raise InvalidInput(
+                    f"the {self.name} probe asks for {_num(asked)}{unit and ' ' + unit} {what}, "
+                    f"over the limit of {_num(limit)} (KVSCOPE_PROBE_LIMITS__{env})"
+                )
+        return load
+
+    def deadline_s(self, params: P, limits: ProbeLimits) -> float:
+        """How long a run may take before it is stopped as timed out."""
+        return min(limits.max_run_s, params.load().run_s * 1.5 + 120.0)
+
     def read_result(self, data: Mapping[str, Any]) -> R:
         """A stored result, typed."""
         return validated(self.result, data, f"stored {self.name} result")
@@ -105,6 +133,10 @@ class ProbeKind(Generic[P, R, G]):
 
 
 AnyKind = ProbeKind[Any, Any, Any]
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.3g}"
 
 
 def dump_rows(models: Sequence[BaseModel], keys: Sequence[str]) -> list[Row]:

@@ -8,7 +8,6 @@ slope, not a level) and whether usage returns to its baseline once the load stop
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,7 +16,9 @@ from pydantic import Field
 from planner.stats import linear_trend
 from probes.kinds.chart import Axis, Band, Chart, Trace
 from probes.kinds.context import (
+    PROMPT_BUILD_S,
     Figures,
+    PlannedLoad,
     ProbeContext,
     ProbeParams,
     ProbeProgress,
@@ -44,6 +45,18 @@ class Params(ProbeParams):
     baseline_s: float = Field(5.0, ge=0)
     cooldown_s: float = Field(15.0, ge=0)
     sample_every_s: float = Field(1.0, gt=0)
+
+    def load(self) -> PlannedLoad:
+        return PlannedLoad(
+            requests=max(1, round(self.rate * self.duration_s)),
+            run_s=self.baseline_s
+            + self.duration_s
+            + self.cooldown_s
+            + self.request_timeout_s
+            + PROMPT_BUILD_S,
+            rate=self.rate,
+            step_s=self.duration_s,
+        )
 
 
 class Trend(Figures):
@@ -122,7 +135,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     total = params.baseline_s + params.duration_s + params.cooldown_s
     async with Sampler(ctx, every_s=params.sample_every_s) as sampler:
         ctx.report(0.02, Progress(phase="baseline"))
-        await asyncio.sleep(params.baseline_s)
+        await ctx.sleep(params.baseline_s)
         load_start = sampler.points[-1].t if sampler.points else 0.0
 
         def progress(done: int, planned: int) -> None:
@@ -132,13 +145,13 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             )
 
         result = await ctx.open_loop(
-            params, specs, schedule, max_duration_s=params.duration_s, progress=progress
-        )
+            params, "kv_usage", specs, schedule, max_duration_s=params.duration_s,
+            progress=progress,
+        )  # fmt: skip
         load_end = sampler.points[-1].t if sampler.points else load_start
-        ctx.sink(result.records, "kv_usage")
         if not ctx.cancelled():
             ctx.report(0.85, Progress(phase="cool-down", timeline=sampler.points[-300:]))
-            await asyncio.sleep(params.cooldown_s)
+            await ctx.sleep(params.cooldown_s)
     points = sampler.points
     # The first fifth of the load fills the cache from empty: the creep is judged after it.
     steady = trend(points, load_start + 0.2 * (load_end - load_start), load_end)

@@ -15,8 +15,10 @@ from pydantic import Field, field_validator, model_validator
 from planner.errors import KvscopeError
 from probes.kinds.chart import Axis, Chart, Trace
 from probes.kinds.context import (
+    PROMPT_BUILD_S,
     Figures,
     HistogramDelta,
+    PlannedLoad,
     ProbeContext,
     ProbeParams,
     ProbeProgress,
@@ -26,7 +28,7 @@ from probes.kinds.context import (
     histogram_delta,
 )
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row
-from probes.load.generator import Arrival, Percentiles, RunResult, Summary, percentiles
+from probes.load.generator import Arrival, Percentiles, RunResult, Summary
 from probes.load.workloads import FixedProfile, Profile, parse_profile
 from probes.vllm.metrics import ParsedScrape
 
@@ -55,6 +57,23 @@ class Params(ProbeParams):
         if self.profile is not None and (self.prompt_tokens or self.output_tokens):
             raise ValueError("give a profile or prompt/output token counts, not both")
         return self
+
+    def arrivals(self, rate: float | None = None) -> Arrival:
+        """When requests arrive, at this probe's rate or another."""
+        return Arrival(kind=self.arrival, rate=rate or self.rate, cv=self.cv)
+
+    def expected(self, rate: float | None = None) -> int:
+        """How many requests one run at `rate` sends, on average."""
+        n = self.arrivals(rate).expected(self.duration_s)
+        return min(n, self.max_requests) if self.max_requests else n
+
+    def load(self) -> PlannedLoad:
+        return PlannedLoad(
+            requests=self.expected(),
+            run_s=self.duration_s + self.request_timeout_s + PROMPT_BUILD_S,
+            rate=self.rate,
+            step_s=self.duration_s,
+        )
 
     def workload(self) -> Profile:
         """The profile to draw requests from (fixed 256/64 tokens when nothing is given)."""
@@ -116,17 +135,18 @@ async def measure(
     same prompts again would meet vLLM's prefix cache and make later rates look faster.
     """
     lo, hi = share
-    schedule = Arrival(kind=params.arrival, rate=rate, cv=params.cv).within(
-        params.duration_s, params.seed
+    planned = params.expected(rate)
+    ctx.report(lo, ProbeProgress(phase=f"{step}: building prompts for ~{planned} requests"))
+    specs, schedule = await ctx.workload(
+        params.workload(),
+        params.arrivals(rate),
+        params.duration_s,
+        params.seed + attempt,
+        params.api,
+        params.max_requests,
     )
-    if params.max_requests:
-        schedule = schedule[: params.max_requests]
-    if not schedule:
+    if isinstance(schedule, list) and not schedule:
         raise KvscopeError(f"no request falls within {params.duration_s} s at {rate} req/s")
-    ctx.report(lo, ProbeProgress(phase=f"{step}: building {len(schedule)} prompts"))
-    specs = await ctx.profile_prompts(
-        params.workload(), len(schedule), params.seed + attempt, params.api
-    )
     ctx.check_cancel()
     before = await ctx.scrape_or_none()
 
@@ -139,15 +159,16 @@ async def measure(
     async with Sampler(ctx) as sampler:
         result = await ctx.open_loop(
             params,
+            step,
             specs,
             schedule,
+            planned=planned,
             max_duration_s=params.duration_s,
             progress=progress,
             lateness_limit_s=params.lateness_limit_s,
         )
     await asyncio.sleep(0.5)  # the engine records its histograms as it finishes requests
     after = await ctx.scrape_or_none()
-    ctx.sink(result.records, step)
     return summarize_run(result, params, rate, before, after, sampler)
 
 
@@ -173,11 +194,6 @@ def summarize_run(
 ) -> Measurement:
     """The figures of one run, the client's and the engine's side by side."""
     summary = result.summary(params.ttft_slo_s, params.tpot_slo_s)
-    sent = [
-        r.first_token_ts - r.sent_ts
-        for r in result.records
-        if r.status == "ok" and r.first_token_ts is not None and r.sent_ts is not None
-    ]
     engine = engine_view(before, after) if before is not None and after is not None else None
     gap = None
     if engine is not None and summary.ttft_s.p50 is not None and engine.ttft.p50 is not None:
@@ -188,7 +204,7 @@ def summarize_run(
         rate=rate,
         planned=result.planned,
         stopped=result.stopped,
-        ttft_from_send_s=percentiles(sent),
+        ttft_from_send_s=result.tally.from_send_p(),
         kv_usage_peak=sampler.peak("kv_usage"),
         running_peak=sampler.peak("running"),
         waiting_peak=sampler.peak("waiting"),

@@ -24,7 +24,9 @@ from planner.models import from_config_file
 from probes.engine.spec import EngineSpec
 from probes.kinds.chart import Axis, Chart, Mark, Trace
 from probes.kinds.context import (
+    PROMPT_BUILD_S,
     Figures,
+    PlannedLoad,
     ProbeContext,
     ProbeParams,
     ProbeProgress,
@@ -41,6 +43,7 @@ TOO_LONG = re.compile(
     r"context length is only (\d+)",
     re.IGNORECASE,
 )
+HEALTH_WAIT_S = 300.0  # how long a crashed managed engine gets to come back
 OOM = re.compile(r"out of memory|OutOfMemory|No available memory", re.IGNORECASE)
 Outcome = Literal[
     "ok", "kv_exhausted", "rejected_too_long", "engine_oom", "engine_crashed", "timeout", "errors"
@@ -62,6 +65,14 @@ class Params(ProbeParams):
     request_timeout_s: float = Field(180.0, gt=0)
     confirm: bool = Field(False, description="required: the probe pushes the engine until it fails")
     allow_external: bool = Field(False, description="allow an engine kvscope does not manage")
+
+    def load(self) -> PlannedLoad:
+        steps = self.max_steps + 12  # the steps, and a bisection down to one token
+        return PlannedLoad(
+            requests=self.batch * steps,
+            run_s=steps * (self.request_timeout_s + 30.0) + HEALTH_WAIT_S + PROMPT_BUILD_S,
+            in_flight=self.batch,
+        )
 
     @model_validator(mode="after")
     def _confirmed(self) -> Params:
@@ -194,8 +205,9 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
     specs = await ctx.profile_prompts(profile, params.batch, params.seed + index, params.api)
     before = await ctx.scrape_or_none()  # no vLLM metrics: the sampler's view has to do
     async with Sampler(ctx, every_s=0.25) as sampler:
-        result = await ctx.closed_loop(params, specs, params.batch)
-    ctx.sink(result.records, f"context={context}")
+        result = await ctx.closed_loop(
+            params, f"context={context}", specs, params.batch, keep_records=True
+        )
     preemptions = sampler.increase("preemptions_total")
     if before is not None:
         with contextlib.suppress(KvscopeError):
@@ -254,10 +266,14 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             break
         last_good = context
         context += params.step
+    came_back = True
     if failure is not None and params.search == "bisect" and last_good is not None:
         lo, hi = last_good, failure.context
         while hi - lo > params.bisect_granularity:
             ctx.check_cancel()
+            # A step that crashed the engine is measured again only once it is back.
+            if not (came_back := await _wait_healthy(ctx)):
+                break
             mid = (lo + hi) // 2
             step = await _step(ctx, params, mid, len(steps))
             step.bisect = True
@@ -267,7 +283,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             else:
                 lo = mid
         last_good = lo
-    health = await _health_after(ctx)
+    health = await _health_after(ctx) if came_back else "unhealthy"
     prediction = predicted_frontier(ctx.spec, params.batch)
     ctx.report(1.0, Progress(phase="done", steps=steps))
     return Result(
@@ -279,21 +295,37 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         else Failure(kind=failure.outcome, context=failure.context, message=failure.why),
         health_after=health,
         predicted=prediction,
-        message=_message(params.batch, last_good, failure, prediction),
+        message=_message(params.batch, last_good, failure, prediction)
+        + (
+            ""
+            if came_back
+            else f"; the engine did not come back within {HEALTH_WAIT_S:.0f} s after the "
+            "crash, so the search stopped there"
+        ),
     )
 
 
-async def _health_after(ctx: ProbeContext, wait_s: float = 300.0) -> str:
+async def _wait_healthy(ctx: ProbeContext, wait_s: float = HEALTH_WAIT_S) -> bool:
+    """Whether the engine answers, waiting (cancel aside) for a managed one to restart."""
+    if await ctx.healthy():
+        return True
+    if not ctx.managed:
+        return False
+    # kvscope's supervisor restarts a crashed managed engine; wait for it, but no longer
+    # than the user does.
+    end = asyncio.get_running_loop().time() + wait_s
+    while asyncio.get_running_loop().time() < end:
+        ctx.check_cancel()
+        await ctx.sleep(2.0)
+        if await ctx.healthy(timeout=2.0):
+            return True
+    return False
+
+
+async def _health_after(ctx: ProbeContext) -> str:
     if await ctx.healthy():
         return "healthy"
-    if not ctx.managed:
-        return "unhealthy"
-    # kvscope's supervisor restarts a crashed managed engine; wait for it.
-    for _ in range(int(wait_s / 5)):
-        await asyncio.sleep(5)
-        if await ctx.healthy():
-            return "restarted"
-    return "unhealthy"
+    return "restarted" if await _wait_healthy(ctx) else "unhealthy"
 
 
 def _message(

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, insert
 
-from planner.errors import KvscopeError, NotFound, TargetAuthError, TargetError
-from probes.engine.spec import EngineSpec, parse_spec
+from planner.errors import KvscopeError, TargetAuthError, TargetError
+from probes.engine.spec import EngineSpec
 from probes.kinds.context import (
     ProbeContext,
     ProbeParams,
@@ -33,7 +33,7 @@ from probes.load.generator import RequestResult, new_client
 from probes.vllm.client import AsyncVllmClient, Target
 from storage import queries as q
 from storage.db import transaction
-from storage.schemas import TargetRow
+from storage.schemas import ProbeLimits
 from storage.tables import RequestRecord
 
 REPORT_EVERY_S = 1.0
@@ -51,9 +51,12 @@ async def execute(
     sink: Callable[[Sequence[RequestResult], str], None] = lambda r, s: None,
     managed: bool = False,
     spec: EngineSpec | None = None,
+    limits: ProbeLimits | None = None,
 ) -> ProbeResult:
     """Run one probe to its end (or its cancel) and return its result."""
     kind.admit(params, managed)
+    limits = limits or ProbeLimits()
+    kind.check(params, limits)
 
     async def go(h: httpx.AsyncClient) -> ProbeResult:
         vllm = AsyncVllmClient(target, h)
@@ -66,25 +69,15 @@ async def execute(
             sink=sink,
             managed=managed,
             spec=spec,
+            limits=limits,
         )
         result: ProbeResult = await kind.run(ctx, params)
         return result.model_copy(update={"model": name, "target": target.base_url})
 
     if http is not None:
         return await go(http)
-    async with new_client(request_timeout_s=params.request_timeout_s) as h:
+    async with new_client(params.request_timeout_s, max_idle=limits.max_in_flight) as h:
         return await go(h)
-
-
-def address(store: Engine, target: TargetRow) -> Target:
-    """Where a stored target answers and with which token: a managed engine's key is in its
-    spec, an attached engine's in the variable the target names (read now)."""
-    if target.managed:
-        try:
-            return parse_spec(q.get_engine_spec(store, target.name)[0]).target
-        except NotFound:
-            pass  # a managed target whose spec was removed: its URL, no key
-    return Target.resolve(target.base_url, target.token_env)
 
 
 async def _model(vllm: AsyncVllmClient, given: str | None) -> str:

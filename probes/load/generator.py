@@ -5,17 +5,32 @@ slow answers cannot hide latency (no coordinated omission); TTFT and E2E count f
 *scheduled* time and the generator's own lateness (sent - scheduled) is reported and judged.
 Closed loop: a fixed number of requests in flight (the batch sweep). The HTTP client is
 injected; the hot path parses JSON only for the few chunks that need it.
+
+Memory follows what is in flight, not what is planned: the schedule and the prompts may be
+iterators consumed as the run goes, finished records are handed to `on_records` in batches
+(off the event loop), and the summary is kept as a compact tally (a few numbers a request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
 import ssl
+import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from array import array
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -39,6 +54,7 @@ T = TypeVar("T")
 SPIN_S = 0.0015
 CANCEL_POLL_S = 0.05
 PROGRESS_EVERY_S = 0.2
+FLUSH_EVERY_S = 0.5
 
 
 def validated(model: type[M], data: Mapping[str, Any], what: str) -> M:
@@ -95,6 +111,28 @@ class Arrival(BaseModel):
             t = np.concatenate(([0.0], np.cumsum(gaps)))
         return [float(x) for x in t]
 
+    def stream(self, duration_s: float, seed: int = 0, chunk: int = 4096) -> Iterator[float]:
+        """The send times in [0, duration_s), made a chunk at a time (a long run never holds
+        its whole schedule). For a constant or ramped rate, the same times as `within`."""
+        if self.kind in ("constant", "ramp"):
+            yield from self.within(duration_s, seed)
+            return
+        rng = np.random.default_rng(seed)
+        cv = 1.0 if self.kind == "poisson" else self.cv
+        t = 0.0
+        while t < duration_s:
+            yield t
+            for gap in rng.gamma(shape=1 / cv**2, scale=cv**2 / self.rate, size=chunk):
+                t += float(gap)
+                if t >= duration_s:
+                    return
+                yield t
+
+    def expected(self, duration_s: float) -> int:
+        """How many requests fall within `duration_s`, on average."""
+        peak = max(self.rate, self.end_rate or 0.0)
+        return max(1, round(peak * duration_s))
+
     def within(self, duration_s: float, seed: int = 0) -> list[float]:
         """Every send time in [0, duration_s): a constant 20/s for 1 s is 20 requests (how
         many is up to the process, for Poisson)."""
@@ -124,6 +162,9 @@ class Bounds:
     max_requests: int | None = None
     max_duration_s: float | None = None
     request_timeout_s: float = 300.0
+    # Open loop: a request due while this many are in flight is not sent; it is recorded
+    # as an error (a miss, never silently delayed), so the client cannot run away.
+    max_in_flight: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,19 +219,24 @@ class RequestResult:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run produced, why it stopped, and whether its latencies can be trusted."""
+    """What a run produced, why it stopped, and whether its latencies can be trusted.
 
-    records: list[RequestResult]  # by seq; requests never sent have none
-    planned: int  # requests the list, the schedule and the bounds allowed
+    `records` holds every request by seq when the run was asked to keep them; otherwise
+    they went to `on_records` as the run went and only the compact `tally` is kept.
+    """
+
+    records: list[RequestResult]
+    planned: int  # requests the list, the schedule and the bounds allowed (or expected)
     stopped: StopReason
     started_ts: float  # wall clock of schedule offset 0
     lateness_limit_s: float
     trustworthy: bool  # p99 send lateness within the limit
     reason: str | None  # why not, for a person
+    tally: Tally
 
     def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> Summary:
-        """`summarize` over this run's records with its own lateness limit."""
-        return summarize(self.records, ttft_slo_s, tpot_slo_s, self.lateness_limit_s)
+        """The run in figures, judged against its own lateness limit."""
+        return self.tally.summary(ttft_slo_s, tpot_slo_s, self.lateness_limit_s)
 
 
 class _Live:
@@ -227,28 +273,38 @@ class _Live:
 
 
 class _Run:
-    """One run's shared state: the client, the records so far, the stop signal."""
+    """One run's shared state: the client, the requests, the records so far, the stop signal."""
 
     def __init__(
         self,
         client: httpx.AsyncClient,
         endpoint: Endpoint,
-        specs: Sequence[RequestSpec],
+        requests: Sequence[RequestSpec] | AsyncIterator[RequestSpec],
         planned: int,
         bounds: Bounds,
         progress: Progress | None,
+        on_records: Callable[[list[RequestResult]], None] | None,
+        keep_records: bool,
     ) -> None:
-        self.client, self.bounds = client, bounds
+        self.client, self.bounds, self.endpoint = client, bounds, endpoint
         self.url = endpoint.url
         self.headers = {"content-type": "application/json", "accept-encoding": "identity"}
         self.headers |= endpoint.headers
         self.timeout = httpx.Timeout(bounds.request_timeout_s)
         self.chat = endpoint.api == "chat"
-        self.specs, self.planned = specs, planned
-        self.bodies = [endpoint.body(s.prompt, s.max_tokens) for s in specs[:planned]]
+        # `limit` stops the dispatch; `planned` is what progress counts towards (an estimate
+        # for a schedule that is an iterator).
+        self.requests, self.limit, self.planned = requests, planned, planned
         self.progress = progress
         self.last_progress = 0.0
-        self.done: list[_Live] = []
+        self.finished = 0
+        self.pending: list[RequestResult] = []  # finished, not yet handed on
+        self.kept: list[RequestResult] = []
+        self.keep = keep_records
+        self.on_records = on_records
+        self.flushing: asyncio.Task[None] | None = None
+        self.last_flush = 0.0
+        self.tally = Tally()
         self.tasks: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, asyncio.Future[float]] = {}
         self.stopped: StopReason | None = None
@@ -256,11 +312,17 @@ class _Run:
         self.anchor_wall, self.anchor_pc = time.time(), time.perf_counter()
         self.t0 = self.anchor_pc
 
+    async def spec(self, seq: int) -> RequestSpec | None:
+        """Request `seq`, or None when the requests ran out."""
+        if isinstance(self.requests, Sequence):
+            return self.requests[seq] if seq < len(self.requests) else None
+        return await anext(self.requests, None)
+
     # -- the hot path ------------------------------------------------------------------
 
-    async def send(self, seq: int, due: float) -> None:
+    async def send(self, seq: int, spec: RequestSpec, due: float) -> None:
         """Send request `seq` now (its schedule said `due`) and record what comes back."""
-        live = _Live(seq, self.specs[seq], due)
+        live = _Live(seq, spec, due)
         session = live.spec.session
         turn: asyncio.Future[float] | None = None
         try:
@@ -273,9 +335,9 @@ class _Run:
                     live.due = max(due, await prev)
             async with asyncio.timeout(self.bounds.request_timeout_s):
                 live.sent = time.perf_counter()
+                body = self.endpoint.body(spec.prompt, spec.max_tokens)
                 async with self.client.stream(
-                    "POST", self.url, content=self.bodies[seq], headers=self.headers,
-                    timeout=self.timeout,
+                    "POST", self.url, content=body, headers=self.headers, timeout=self.timeout,
                 ) as resp:  # fmt: skip
                     live.http_status = resp.status_code
                     if resp.status_code != 200:
@@ -363,35 +425,79 @@ class _Run:
         return True
 
     def _finished(self, live: _Live) -> None:
-        self.done.append(live)
-        if self.progress is not None:
-            now = time.perf_counter()
-            if now - self.last_progress >= PROGRESS_EVERY_S:
-                self.last_progress = now
-                self.progress(len(self.done), self.planned)
+        record = self._record(live)
+        self.tally.add(record)
+        self.finished += 1
+        if self.keep:
+            self.kept.append(record)
+        if self.on_records is not None:
+            self.pending.append(record)
+        now = time.perf_counter()
+        if self.pending and now - self.last_flush >= FLUSH_EVERY_S and self.flushing is None:
+            self.last_flush = now
+            self.flushing = asyncio.get_running_loop().create_task(self._flush())
+        if self.progress is not None and now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            self.progress(self.finished, self.planned)
+
+    async def _flush(self) -> None:
+        """Hand finished records on, in a thread: a store write must not stall the sends."""
+        try:
+            while self.pending and self.on_records is not None:
+                batch, self.pending = self.pending, []
+                await asyncio.to_thread(self.on_records, batch)
+        finally:
+            self.flushing = None
+
+    async def flush_all(self) -> None:
+        """Hand on what is left, once the run is over."""
+        if self.flushing is not None:
+            await asyncio.shield(self.flushing)
+        if self.pending:
+            await self._flush()
 
     # -- dispatch ----------------------------------------------------------------------
 
-    def start(self, seq: int, due: float) -> None:
-        task = asyncio.get_running_loop().create_task(self.send(seq, due))
+    def start(self, seq: int, spec: RequestSpec, due: float) -> None:
+        task = asyncio.get_running_loop().create_task(self.send(seq, spec, due))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def open_loop(self, offsets: Sequence[float]) -> None:
+    def refuse(self, seq: int, spec: RequestSpec, due: float) -> None:
+        """A request due while the in-flight cap is reached: a miss on the record."""
+        live = _Live(seq, spec, due)
+        live.end = time.perf_counter()
+        live.error = f"not sent: {len(self.tasks)} requests already in flight (the in-flight limit)"
+        self._finished(live)
+
+    async def open_loop(self, offsets: Iterable[float]) -> None:
         """Start each request at its time; never wait for an answer."""
         t0 = self.t0 = time.perf_counter() + 0.002  # a moment to enter the loop on time
-        for seq in range(self.planned):
-            due = t0 + offsets[seq]
+        cap, last = self.bounds.max_in_flight, 0.0
+        for seq, offset in enumerate(offsets):
+            if seq >= self.limit:
+                self.stopped = self.stopped or "max_requests"
+                break
+            if offset < last:
+                raise InvalidInput("the schedule must be non-negative and non-decreasing")
+            last = offset
+            spec = await self.spec(seq)
+            if spec is None:
+                break
+            due = t0 + offset
             if due > time.perf_counter():
                 await _wait_until(due)
-            self.start(seq, due)
+            if cap is not None and len(self.tasks) >= cap:
+                self.refuse(seq, spec, due)
+            else:
+                self.start(seq, spec, due)
 
     async def closed_loop(self, concurrency: int) -> None:
         """Keep `concurrency` requests in flight; each slot sends its next as one ends."""
         self.t0 = time.perf_counter()
         limit = self.bounds.max_duration_s
         end = math.inf if limit is None else self.t0 + limit
-        next_seq = iter(range(self.planned))
+        next_seq = iter(range(self.limit))
 
         async def slot() -> None:
             for seq in next_seq:
@@ -399,18 +505,27 @@ class _Run:
                 if now > end:
                     self.stopped = self.stopped or "max_duration"
                     return
-                await self.send(seq, now)
+                spec = await self.spec(seq)
+                if spec is None:
+                    return
+                await self.send(seq, spec, now)
                 if self.stopped == "cancelled":
                     return
 
         await asyncio.gather(*(slot() for _ in range(concurrency)))
 
     def result(self, lateness_limit_s: float) -> RunResult:
-        records = sorted((self._record(x) for x in self.done), key=lambda r: r.seq)
-        ok, reason = lateness_verdict(records, lateness_limit_s)
+        ok, reason = self.tally.lateness_verdict(lateness_limit_s)
         stopped: StopReason = self.stopped or "done"
         return RunResult(
-            records, self.planned, stopped, self._wall(self.t0), lateness_limit_s, ok, reason
+            sorted(self.kept, key=lambda r: r.seq),
+            self.planned,
+            stopped,
+            self._wall(self.t0),
+            lateness_limit_s,
+            ok,
+            reason,
+            self.tally,
         )
 
     def _wall(self, pc: float) -> float:
@@ -470,8 +585,9 @@ async def _run(
     finally:
         for fut in [dispatcher, drained, *run.tasks, *([watcher] if watcher else [])]:
             fut.cancel()
+    await run.flush_all()
     if run.progress is not None:
-        run.progress(len(run.done), run.planned)
+        run.progress(run.finished, run.planned)
     return run.result(lateness_limit_s)
 
 
@@ -502,32 +618,54 @@ def _planned(n: int, bounds: Bounds) -> tuple[int, StopReason | None]:
 async def run_open_loop(
     client: httpx.AsyncClient,
     endpoint: Endpoint,
-    requests: Sequence[RequestSpec],
-    schedule: Sequence[float],
+    requests: Sequence[RequestSpec] | AsyncIterator[RequestSpec],
+    schedule: Sequence[float] | Iterable[float],
     *,
     bounds: Bounds | None = None,
     cancel: Cancel | None = None,
     progress: Progress | None = None,
     lateness_limit_s: float = 0.010,
+    planned: int | None = None,
+    on_records: Callable[[list[RequestResult]], None] | None = None,
+    keep_records: bool = True,
 ) -> RunResult:
-    """Send `requests[i]` at `schedule[i]` seconds after the start, whatever the others do.
+    """Send request i at `schedule[i]` seconds after the start, whatever the others do.
 
-    TTFT and E2E count from the scheduled time. `cancel` (an Event, or a callable polled
-    every 50 ms) stops it: nothing more is sent, in-flight requests are cancelled and
-    recorded as such. `progress(done, planned)` runs on the loop, so keep it quick.
+    TTFT and E2E count from the scheduled time. `requests` and `schedule` may be lists or
+    iterators consumed as the run goes (give `planned`, the expected count, for progress).
+    `cancel` (an Event, or a callable polled every 50 ms) stops it: nothing more is sent,
+    in-flight requests are cancelled and recorded as such. `progress(done, planned)` runs
+    on the loop, so keep it quick; `on_records(batch)` runs in a thread.
     """
     bounds = bounds or Bounds()
-    offsets = list(schedule[: len(requests)])
-    if any(b < a for a, b in itertools.pairwise(offsets)) or (offsets and offsets[0] < 0):
-        raise InvalidInput("the schedule must be non-negative and non-decreasing")
-    planned, stopped = _planned(len(offsets), bounds)
-    if bounds.max_duration_s is not None:
-        within = sum(1 for t in offsets[:planned] if t <= bounds.max_duration_s)
-        if within < planned:
-            planned, stopped = within, "max_duration"
-    run = _Run(client, endpoint, requests, planned, bounds, progress)
+    stopped: StopReason | None = None
+    if isinstance(schedule, Sequence) and isinstance(requests, Sequence):
+        offsets = list(schedule[: len(requests)])
+        if any(b < a for a, b in itertools.pairwise(offsets)) or (offsets and offsets[0] < 0):
+            raise InvalidInput("the schedule must be non-negative and non-decreasing")
+        count, stopped = _planned(len(offsets), bounds)
+        if bounds.max_duration_s is not None:
+            within = sum(1 for t in offsets[:count] if t <= bounds.max_duration_s)
+            if within < count:
+                count, stopped = within, "max_duration"
+        schedule = offsets
+    else:
+        count = bounds.max_requests if bounds.max_requests is not None else sys.maxsize
+        if bounds.max_duration_s is not None:
+            limit = bounds.max_duration_s
+            schedule = itertools.takewhile(lambda t: t <= limit, schedule)
+    run = _Run(client, endpoint, requests, count, bounds, progress, on_records, keep_records)
     run.stopped = stopped
-    return await _run(run, lambda: run.open_loop(offsets), cancel, lateness_limit_s)
+    if planned is not None and count == sys.maxsize:
+        run.planned = planned  # for progress only: the schedule itself decides the end
+
+    async def dispatch() -> None:
+        await run.open_loop(schedule)
+
+    result = await _run(run, dispatch, cancel, lateness_limit_s)
+    if count == sys.maxsize or result.planned == sys.maxsize:
+        result = dataclasses.replace(result, planned=run.tally.requests)
+    return result
 
 
 async def run_closed_loop(
@@ -540,6 +678,8 @@ async def run_closed_loop(
     cancel: Cancel | None = None,
     progress: Progress | None = None,
     lateness_limit_s: float = 0.010,
+    on_records: Callable[[list[RequestResult]], None] | None = None,
+    keep_records: bool = True,
 ) -> RunResult:
     """Keep `concurrency` requests in flight until `requests` or the bounds run out.
 
@@ -549,17 +689,23 @@ async def run_closed_loop(
     if concurrency < 1:
         raise InvalidInput(f"concurrency must be at least 1, not {concurrency}")
     bounds = bounds or Bounds()
-    planned, stopped = _planned(len(requests), bounds)
-    run = _Run(client, endpoint, requests, planned, bounds, progress)
+    count, stopped = _planned(len(requests), bounds)
+    run = _Run(client, endpoint, requests, count, bounds, progress, on_records, keep_records)
     run.stopped = stopped
     return await _run(run, lambda: run.closed_loop(concurrency), cancel, lateness_limit_s)
 
 
 def new_client(
-    request_timeout_s: float = 300.0, verify: bool | ssl.SSLContext = True
+    request_timeout_s: float = 300.0,
+    verify: bool | ssl.SSLContext = True,
+    max_idle: int = 1024,
 ) -> httpx.AsyncClient:
-    """An httpx client fit for load: the lean transport below, no connection limit."""
-    return httpx.AsyncClient(transport=LeanTransport(verify), timeout=request_timeout_s)
+    """An httpx client fit for load: the lean transport, keeping at most `max_idle` idle
+    connections (HTTP/1.1 holds one request per connection, so the in-flight cap bounds the
+    busy ones)."""
+    return httpx.AsyncClient(
+        transport=LeanTransport(verify, max_idle=max_idle), timeout=request_timeout_s
+    )
 
 
 def _error_text(body: bytes, status: int) -> str:
@@ -662,19 +808,123 @@ def percentiles(values: Sequence[float] | np.ndarray) -> Percentiles:
     return Percentiles(p50=float(q[0]), p95=float(q[1]), p99=float(q[2]), mean=float(xs.mean()))
 
 
+class Tally:
+    """A run's figures, kept compact as it goes: a few doubles per request and four bytes per
+    token gap, so a long run's summary costs little memory whatever it planned."""
+
+    def __init__(self) -> None:
+        self.requests = self.ok = self.errors = self.cancelled = 0
+        self.tokens = 0
+        self.start, self.end = math.inf, -math.inf
+        # Per ok request, NaN where a figure does not exist (a one-token answer's TPOT).
+        self.ttft, self.tpot, self.e2e, self.from_send = (array("d") for _ in range(4))
+        self.lateness = array("d")  # every request that was sent
+        self.gaps = array("f")  # inter-token gaps of ok requests, seconds
+
+    def add(self, r: RequestResult) -> None:
+        """Count one finished request."""
+        self.requests += 1
+        self.start = min(self.start, r.scheduled_ts)
+        if (late := r.lateness_s) is not None:
+            self.lateness.append(late)
+        if r.status == "error":
+            self.errors += 1
+        elif r.status == "cancelled":
+            self.cancelled += 1
+        else:
+            self.ok += 1
+            nan = math.nan
+            self.ttft.append(nan if (v := r.ttft_s) is None else v)
+            self.tpot.append(nan if (v := r.tpot_s) is None else v)
+            self.e2e.append(nan if (v := r.e2e_s) is None else v)
+            sent = r.first_token_ts is not None and r.sent_ts is not None
+            self.from_send.append(r.first_token_ts - r.sent_ts if sent else nan)  # type: ignore[operator]
+            self.gaps.extend(g / 1000.0 for g in r.itl_ms)
+            self.tokens += r.output_tokens or 0
+            if r.end_ts is not None:
+                self.end = max(self.end, r.end_ts)
+
+    @classmethod
+    def of(cls, records: Iterable[RequestResult]) -> Tally:
+        """The tally of finished records."""
+        tally = cls()
+        for r in records:
+            tally.add(r)
+        return tally
+
+    def lateness_verdict(self, limit_s: float) -> tuple[bool, str | None]:
+        """Trustworthy unless the p99 of send lateness exceeds `limit_s`; the reason if not."""
+        if not self.lateness:
+            return True, None
+        p99 = float(np.quantile(np.frombuffer(self.lateness), 0.99))
+        if p99 <= limit_s:
+            return True, None
+        return False, (
+            f"p99 send lateness {p99 * 1000:.1f} ms exceeds {limit_s * 1000:g} ms: the "
+            "generator could not keep to its schedule (CPU-bound client?), so these latencies "
+            "include its own delay"
+        )
+
+    def summary(
+        self,
+        ttft_slo_s: float | None = None,
+        tpot_slo_s: float | None = None,
+        lateness_limit_s: float = 0.010,
+    ) -> Summary:
+        """Latency percentiles over successful requests; ITL pools every gap of every request.
+
+        `slo_share` is the share of ok-or-error requests that succeeded within both given
+        bounds (errors count as misses, a one-token answer has no TPOT to miss); None when no
+        bound is given.
+        """
+        ttft, tpot, e2e = (np.frombuffer(a) for a in (self.ttft, self.tpot, self.e2e))
+        duration = self.end - self.start if self.end > -math.inf else 0.0
+        lateness = Lateness()
+        if self.lateness:
+            late = np.frombuffer(self.lateness)
+            q = np.quantile(late, [0.5, 0.99])
+            lateness = Lateness(p50=float(q[0]), p99=float(q[1]), max=float(late.max()))
+        share = None
+        if ttft_slo_s is not None or tpot_slo_s is not None:
+            inside = np.ones(len(ttft), dtype=bool)
+            if ttft_slo_s is not None:
+                inside &= ~np.isnan(ttft) & (ttft <= ttft_slo_s)
+            if tpot_slo_s is not None:
+                inside &= np.isnan(tpot) | (tpot <= tpot_slo_s)
+            judged = self.ok + self.errors
+            share = float(inside.sum()) / judged if judged else None
+        trustworthy, reason = self.lateness_verdict(lateness_limit_s)
+        tails = {
+            "ttft_s": percentiles(ttft[~np.isnan(ttft)]),
+            "itl_s": percentiles(np.frombuffer(self.gaps, dtype=np.float32).astype(float)),
+            "tpot_s": percentiles(tpot[~np.isnan(tpot)]),
+            "e2e_s": percentiles(e2e[~np.isnan(e2e)]),
+        }
+        return Summary(
+            requests=self.requests,
+            ok=self.ok,
+            errors=self.errors,
+            cancelled=self.cancelled,
+            duration_s=duration,
+            **tails,
+            lateness_s=lateness,
+            output_tokens_per_s=self.tokens / duration if duration > 0 else 0.0,
+            requests_per_s=self.ok / duration if duration > 0 else 0.0,
+            slo_share=share,
+            trustworthy=trustworthy,
+            reason=reason,
+            p99_over_p50=TailRatios(**{k: v.tail_ratio for k, v in tails.items()}),
+        )
+
+    def from_send_p(self) -> Percentiles:
+        """TTFT counted from the actual send, not the schedule: the engine-side share."""
+        xs = np.frombuffer(self.from_send)
+        return percentiles(xs[~np.isnan(xs)])
+
+
 def lateness_verdict(records: Sequence[RequestResult], limit_s: float) -> tuple[bool, str | None]:
     """Trustworthy unless the p99 of send lateness exceeds `limit_s`; the reason if not."""
-    late = [x for r in records if (x := r.lateness_s) is not None]
-    if not late:
-        return True, None
-    p99 = float(np.quantile(np.asarray(late), 0.99))
-    if p99 <= limit_s:
-        return True, None
-    return False, (
-        f"p99 send lateness {p99 * 1000:.1f} ms exceeds {limit_s * 1000:g} ms: the generator "
-        "could not keep to its schedule (CPU-bound client?), so these latencies include its "
-        "own delay"
-    )
+    return Tally.of(records).lateness_verdict(limit_s)
 
 
 def summarize(
@@ -683,60 +933,5 @@ def summarize(
     tpot_slo_s: float | None = None,
     lateness_limit_s: float = 0.010,
 ) -> Summary:
-    """Latency percentiles over successful requests; ITL pools every gap of every request.
-
-    TPOT per request is (end - first token) / (output tokens - 1), for answers of two or
-    more tokens. `slo_share` is the share of ok-or-error requests that succeeded within
-    both given bounds (errors count as misses); None when no bound is given.
-    """
-    ok = [r for r in records if r.status == "ok"]
-    errors = sum(1 for r in records if r.status == "error")
-    cancelled = sum(1 for r in records if r.status == "cancelled")
-    ends = [r.end_ts for r in ok if r.end_ts is not None]
-    start = min((r.scheduled_ts for r in records), default=0.0)
-    duration = max(ends) - start if ends else 0.0
-    ttft = [x for r in ok if (x := r.ttft_s) is not None]
-    tpot = [x for r in ok if (x := r.tpot_s) is not None]
-    e2e = [x for r in ok if (x := r.e2e_s) is not None]
-    gaps = np.fromiter((g for r in ok for g in r.itl_ms), dtype=float) / 1000.0
-    late = np.asarray([x for r in records if (x := r.lateness_s) is not None], dtype=float)
-    lateness = Lateness()
-    if late.size:
-        q = np.quantile(late, [0.5, 0.99])
-        lateness = Lateness(p50=float(q[0]), p99=float(q[1]), max=float(late.max()))
-    tokens = sum(r.output_tokens or 0 for r in ok)
-    share = None
-    if ttft_slo_s is not None or tpot_slo_s is not None:
-        judged = len(ok) + errors
-        good = sum(1 for r in ok if _within(r, ttft_slo_s, tpot_slo_s))
-        share = good / judged if judged else None
-    trustworthy, reason = lateness_verdict(records, lateness_limit_s)
-    tails = {
-        "ttft_s": percentiles(ttft),
-        "itl_s": percentiles(gaps),
-        "tpot_s": percentiles(tpot),
-        "e2e_s": percentiles(e2e),
-    }
-    return Summary(
-        requests=len(records),
-        ok=len(ok),
-        errors=errors,
-        cancelled=cancelled,
-        duration_s=duration,
-        **tails,
-        lateness_s=lateness,
-        output_tokens_per_s=tokens / duration if duration > 0 else 0.0,
-        requests_per_s=len(ok) / duration if duration > 0 else 0.0,
-        slo_share=share,
-        trustworthy=trustworthy,
-        reason=reason,
-        p99_over_p50=TailRatios(**{k: v.tail_ratio for k, v in tails.items()}),
-    )
-
-
-def _within(r: RequestResult, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
-    ttft, tpot = r.ttft_s, r.tpot_s
-    if ttft_slo_s is not None and (ttft is None or ttft > ttft_slo_s):
-        return False
-    # A one-token answer has no TPOT and cannot miss that bound.
-    return tpot_slo_s is None or tpot is None or tpot <= tpot_slo_s
+    """The figures of finished records (see `Tally.summary`)."""
+    return Tally.of(records).summary(ttft_slo_s, tpot_slo_s, lateness_limit_s)

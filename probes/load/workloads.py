@@ -9,9 +9,12 @@ token counter, falling back to a words-per-token estimate (tagged exact_tokens=f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
@@ -26,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from planner.errors import InvalidInput, TargetError, UnknownChoice
+from planner.errors import Cancelled, InvalidInput, KvscopeError, TargetError, UnknownChoice
 from probes.load.generator import RequestSpec, validated
 from probes.vllm.client import AsyncVllmClient
 
@@ -46,6 +49,7 @@ VOCAB = tuple(_WORDS.split())
 SHORT = ("a", "I", "the", "of", "and", "to", "in", "is", "it", "on")
 WORDS_PER_TOKEN = 0.8  # VOCAB in tiny-llama's (Llama 3) tokenizer: 1.2 tokens a word
 MAX_TRIES = 24
+SESSIONS_KEPT = 4096
 
 
 class _Model(BaseModel):
@@ -323,8 +327,10 @@ class PromptBuilder:
         chat: bool = False,
         seed: int = 0,
         concurrency: int = 16,
+        cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.client, self.model = client, model
+        self.cancelled = cancelled
         self.chat, self.seed = chat, seed
         self.exact: bool | None = None  # None until the first count says if the target can
         self.tokens_per_word = 1 / WORDS_PER_TOKEN
@@ -332,40 +338,86 @@ class PromptBuilder:
         self._heads: dict[str, str] = {}  # shared prefixes by key
         self._known: dict[str, int] = {}  # token counts of heads: "" and shared prefixes
         self._slots = asyncio.Semaphore(concurrency)
+        # The last prompt of each session (and its tokens), kept across builds: the newest
+        # SESSIONS_KEPT only, since a finished session is never asked for again.
+        self._history: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._built = 0  # prompts built so far: each one's text is seeded by its number
 
     async def build(self, shapes: Sequence[RequestShape]) -> list[RequestSpec]:
         """One RequestSpec per shape, in order; a session's turns are built one after another."""
         if not shapes:
             return []
+        first, self._built = self._built, self._built + len(shapes)
         out: list[RequestSpec | None] = [None] * len(shapes)
-        # The first prompt alone: it finds out whether the target counts and learns the ratio.
-        out[0] = await self._one(0, shapes[0], None)
         groups: dict[str, list[int]] = {}
         singles: list[int] = []
-        for i, shape in enumerate(shapes[1:], start=1):
+        for i, shape in enumerate(shapes):
             if shape.session is None:
                 singles.append(i)
             else:
                 groups.setdefault(shape.session, []).append(i)
 
         async def session(indices: list[int]) -> None:
-            history = None
-            if shapes[0].session == shapes[indices[0]].session and out[0] is not None:
-                history = (out[0].prompt, shapes[0].prompt_tokens)
             for i in indices:
-                spec = out[i] = await self._one(i, shapes[i], history)
-                history = (spec.prompt, shapes[i].prompt_tokens)
+                name = shapes[i].session
+                assert name is not None
+                spec = out[i] = await self._one(first + i, shapes[i], self._history.get(name))
+                self._remember(name, spec.prompt, shapes[i].prompt_tokens)
 
         async def single(i: int) -> None:
-            out[i] = await self._one(i, shapes[i], None)
+            out[i] = await self._one(first + i, shapes[i], None)
 
+        # The first prompt alone: it finds out whether the target counts and learns the ratio.
+        if singles and singles[0] == 0:
+            await single(singles.pop(0))
+        elif groups:
+            head = next(iter(groups.values()))
+            if head[0] == 0:
+                await session([head.pop(0)])
         await asyncio.gather(*map(single, singles), *map(session, groups.values()))
         return [x for x in out if x is not None]
+
+    async def stream(
+        self, shapes: Iterator[RequestShape], ahead: int
+    ) -> AsyncIterator[RequestSpec]:
+        """Prompts for `shapes` without end, built in windows while earlier ones are used:
+        at most `ahead` wait to be sent, so memory follows the window, not the run."""
+        window = max(1, ahead // 4)
+        ready: asyncio.Queue[RequestSpec] = asyncio.Queue(maxsize=ahead)
+
+        async def produce() -> None:
+            while not self.cancelled():
+                for spec in await self.build(list(itertools.islice(shapes, window))):
+                    await ready.put(spec)
+
+        producer = asyncio.get_running_loop().create_task(produce())
+        try:
+            while True:
+                getter = asyncio.ensure_future(ready.get())
+                await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                producer.result()  # the producer failed (a target error): raise it here
+                return
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KvscopeError):
+                await producer
+
+    def _remember(self, session: str, prompt: str, tokens: int) -> None:
+        self._history[session] = (prompt, tokens)
+        self._history.move_to_end(session)
+        while len(self._history) > SESSIONS_KEPT:
+            self._history.popitem(last=False)
 
     async def _one(
         self, index: int, shape: RequestShape, history: tuple[str, int] | None
     ) -> RequestSpec:
         """The request for `shape`; `history` is the session's previous prompt and its tokens."""
+        if self.cancelled():
+            raise Cancelled("cancelled on request while prompts were built; nothing was sent")
         head, base = "", None
         if history is not None:
             head, base = history[0], history[1] if self.exact else None

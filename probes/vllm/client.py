@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
-from collections.abc import Mapping
+import socket
+import zlib
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
 from planner.errors import NotPrometheusText, TargetAuthError, TargetError
 from probes.vllm.metrics import ParsedScrape, parse_metrics
-from storage.schemas import normalize_base_url
+from storage.schemas import ScrapeLimits, normalize_base_url
 
 METRICS = "/metrics"
 HEALTH = "/health"
@@ -35,6 +36,7 @@ Api = Literal["completions", "chat"]
 MAX_METRICS_BYTES = 16 * 1024 * 1024
 SCRAPE_TIMEOUT_S = 3.0
 CALL_TIMEOUT_S = 10.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,10 @@ def transport_error(err: httpx.HTTPError, url: str, timeout: float | None = None
     return TargetError(f"request to {url} failed: {_reason(err)}")
 
 
-def status_error(status: int, url: str, detail: str = "") -> TargetError:
-    """A TargetError for an HTTP error status; 401 and 403 say what to do about the token."""
+def status_error(resp: httpx.Response, url: str, detail: str = "") -> TargetError:
+    """A TargetError for an HTTP error status; 401 and 403 say what to do about the token,
+    a redirect names where it points (kvscope never follows one)."""
+    status = resp.status_code
     if status == 401:
         return TargetAuthError(
             f"{url}: 401: the engine wants a token (set the target's token variable, "
@@ -138,22 +142,35 @@ def status_error(status: int, url: str, detail: str = "") -> TargetError:
         )
     if status == 403:
         return TargetAuthError(f"{url}: 403: the engine refused the token; check its value")
+    if 300 <= status < 400:
+        where = resp.headers.get("location", "")[:200]
+        return TargetError(
+            f"{url} redirected (HTTP {status}) to {where!r}; kvscope does not follow "
+            "redirects: give the final URL"
+        )
     tail = f": {detail[:300]}" if detail else ""
     return TargetError(f"{url} answered HTTP {status}{tail}")
 
 
-def _reason(err: Exception) -> str:
-    text = str(err) or type(err).__name__
-    if "Connection refused" in text or "Errno 111" in text:
-        return "connection refused (is the engine running on that port?)"
-    if "Name or service not known" in text or "nodename nor servname" in text or "Errno -2" in text:
-        return "unknown host name"
-    return text
+def _reason(err: BaseException) -> str:
+    """The cause a person can act on, from anywhere in the exception's chain."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for e in chain:
+        text = str(e)
+        if isinstance(e, ConnectionRefusedError) or "Connection refused" in text:
+            return "connection refused (is the engine running on that port?)"
+        if isinstance(e, socket.gaierror) or "Name or service not known" in text:
+            return "unknown host name"
+    return str(err) or type(err).__name__
 
 
 def _models(resp: httpx.Response, url: str) -> list[str]:
     if resp.status_code != 200:
-        raise status_error(resp.status_code, url)
+        raise status_error(resp, url)
     try:
         data = resp.json()
     except ValueError as err:
@@ -164,11 +181,25 @@ def _models(resp: httpx.Response, url: str) -> list[str]:
     return [str(m["id"]) for m in items if isinstance(m, dict) and m.get("id")]
 
 
-def _parsed(text: str, url: str) -> ParsedScrape:
+def parse_page(text: str, url: str, limits: ScrapeLimits | None = None) -> ParsedScrape:
+    """Parse a metrics page within the limits; CPU work, so callers keep it off event loops."""
+    limits = limits or ScrapeLimits()
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    if samples > limits.sample_limit:
+        raise TargetError(
+            f"{url} has {samples:,} samples, over the sample limit of {limits.sample_limit:,}; "
+            "nothing was stored"
+        )
     try:
-        parsed = parse_metrics(text)
+        parsed = parse_metrics(
+            text,
+            label_limit=limits.label_limit,
+            label_value_length_limit=limits.label_value_length_limit,
+        )
     except NotPrometheusText as err:
         raise NotPrometheusText(f"{url}: {err}") from err
+    except TargetError as err:  # a label over its limit
+        raise TargetError(f"{url}: {err}; nothing was stored") from err
     if not parsed.samples and not parsed.cache_info:
         raise NotPrometheusText(
             f"{url} serves Prometheus text but no vLLM metrics (no 'vllm:' names); "
@@ -177,89 +208,66 @@ def _parsed(text: str, url: str) -> ParsedScrape:
     return parsed
 
 
-def _metrics_status(resp: httpx.Response, url: str) -> None:
-    if resp.status_code == 404:
-        raise TargetError(f"{url} has no metrics endpoint (HTTP 404); is this a vLLM server?")
-    if resp.status_code >= 400:
-        raise status_error(resp.status_code, url)
+class _BodyReader:
+    """A metrics body taken as raw bytes, decompressed here (never more than the limit at a
+    time, so a gzip bomb costs the limit, not its inflated size) and decoded as UTF-8."""
 
-
-class _Body:
-    """A body read under a size limit and a deadline for the whole response."""
-
-    def __init__(self, url: str, limit: int, timeout: float) -> None:
-        self.url, self.limit, self.timeout = url, limit, timeout
-        self.deadline = time.monotonic() + timeout
+    def __init__(self, url: str, limit: int, encoding: str | None) -> None:
+        self.url, self.limit = url, limit
         self.buf = bytearray()
+        enc = (encoding or "identity").strip().lower()
+        if enc in ("identity", ""):
+            self.inflate: zlib._Decompress | None = None
+        elif enc in ("gzip", "x-gzip", "deflate"):
+            self.inflate = zlib.decompressobj(wbits=47)  # gzip or zlib, by the header
+        else:
+            raise TargetError(f"{url} sent its page in {enc!r}, which kvscope cannot read")
 
-    def add(self, chunk: bytes) -> None:
-        self.buf += chunk
+    def feed(self, chunk: bytes) -> None:
+        if self.inflate is None:
+            self._add(chunk)
+            return
+        data = chunk
+        while data:
+            try:
+                out = self.inflate.decompress(data, self.limit - len(self.buf) + 1)
+            except zlib.error as err:
+                raise TargetError(f"{self.url} sent a damaged compressed page ({err})") from err
+            self._add(out)
+            data = self.inflate.unconsumed_tail
+
+    def _add(self, data: bytes) -> None:
+        self.buf += data
         if len(self.buf) > self.limit:
             raise TargetError(
-                f"{self.url} sent more than {self.limit / 1024 / 1024:g} MiB; refused "
-                "(a /metrics page this big is not vLLM's)"
+                f"{self.url} sent more than {_size(self.limit)} (the body size limit); "
+                "nothing was stored"
             )
-        if time.monotonic() > self.deadline:
-            raise TargetError(f"{self.url} did not finish its answer within {self.timeout:g} s")
 
-    def text(self, encoding: str | None) -> str:
-        return bytes(self.buf).decode(encoding or "utf-8", "replace")
-
-
-# --- the synchronous client ----------------------------------------------------------------
-
-
-class VllmClient:
-    """The worker's side: scrapes, checks and health, one short call at a time."""
-
-    def __init__(self, target: Target, http: httpx.Client) -> None:
-        self.target, self.http = target, http
-
-    def metrics_text(
-        self, timeout: float = SCRAPE_TIMEOUT_S, limit: int = MAX_METRICS_BYTES
-    ) -> str:
-        """The `/metrics` body, read within `timeout` in all and at most `limit` bytes."""
-        url = self.target.url(METRICS)
-        body = _Body(url, limit, timeout)
+    def text(self) -> str:
         try:
-            with self.http.stream("GET", url, headers=self.target.headers, timeout=timeout) as resp:
-                _metrics_status(resp, url)
-                for chunk in resp.iter_bytes():
-                    body.add(chunk)
-                encoding = resp.encoding
-        except httpx.HTTPError as err:
-            raise transport_error(err, url, timeout) from err
-        return body.text(encoding)
-
-    def scrape(self, timeout: float = SCRAPE_TIMEOUT_S) -> ParsedScrape:
-        """Fetch and parse the target's metrics."""
-        return _parsed(self.metrics_text(timeout), self.target.url(METRICS))
-
-    def healthy(self, timeout: float = 2.0) -> bool:
-        """Whether `/health` answers 200."""
-        try:
-            resp = self.http.get(
-                self.target.url(HEALTH), headers=self.target.headers, timeout=timeout
-            )
-        except httpx.HTTPError:
-            return False
-        return resp.status_code == 200
-
-    def models(self, timeout: float = CALL_TIMEOUT_S) -> list[str]:
-        """The model ids `/v1/models` lists."""
-        url = self.target.url(MODELS)
-        try:
-            resp = self.http.get(url, headers=self.target.headers, timeout=timeout)
-        except httpx.HTTPError as err:
-            raise transport_error(err, url, timeout) from err
-        return _models(resp, url)
+            return self.buf.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TargetError(
+                f"{self.url} sent bytes that are not UTF-8 at byte {err.start}; a metrics "
+                "page is UTF-8 text"
+            ) from err
 
 
-# --- the asynchronous client ---------------------------------------------------------------
+def _size(n: int) -> str:
+    return f"{n / 1024 / 1024:g} MiB" if n >= 1024 * 1024 else f"{n / 1024:g} KiB"
+
+
+def _timed_out(url: str, timeout: float) -> TargetError:
+    return TargetError(f"{url} did not answer in full within {timeout:g} s (the timeout)")
+
+
+# --- the asynchronous client: every call has one deadline for all of it --------------------
 
 
 class AsyncVllmClient:
-    """The probes' side: scrapes during a run, health, the model, token counts, endpoints."""
+    """Everything kvscope asks an engine, each call bounded by one deadline for the whole of
+    it (connect, headers and body: a server that drips or never answers ends on time)."""
 
     def __init__(self, target: Target, http: httpx.AsyncClient) -> None:
         self.target, self.http = target, http
@@ -275,31 +283,37 @@ class AsyncVllmClient:
     async def metrics_text(
         self, timeout: float = CALL_TIMEOUT_S, limit: int = MAX_METRICS_BYTES
     ) -> str:
-        """The `/metrics` body, within `timeout` in all and at most `limit` bytes."""
+        """The metrics page, within `timeout` in all and at most `limit` bytes (decompressed)."""
         url = self.target.url(METRICS)
-        body = _Body(url, limit, timeout)
+        headers = self.target.headers | {"Accept-Encoding": "gzip", "Accept": "text/plain"}
         try:
             async with asyncio.timeout(timeout):
-                async with self.http.stream(
-                    "GET", url, headers=self.target.headers, timeout=timeout
-                ) as resp:
-                    _metrics_status(resp, url)
-                    async for chunk in resp.aiter_bytes():
-                        body.add(chunk)
-                    encoding = resp.encoding
+                async with self.http.stream("GET", url, headers=headers, timeout=timeout) as resp:
+                    if resp.status_code == 404:
+                        raise TargetError(
+                            f"{url} has no metrics endpoint (HTTP 404); is this a vLLM server?"
+                        )
+                    if resp.status_code >= 300:
+                        raise status_error(resp, url)
+                    body = _BodyReader(url, limit, resp.headers.get("content-encoding"))
+                    async for chunk in resp.aiter_raw():
+                        body.feed(chunk)
         except TimeoutError as err:
-            raise TargetError(f"{url} did not finish its answer within {timeout:g} s") from err
+            raise _timed_out(url, timeout) from err
         except httpx.HTTPError as err:
             raise transport_error(err, url, timeout) from err
-        return body.text(encoding)
+        return body.text()
 
-    async def scrape(self, timeout: float = CALL_TIMEOUT_S) -> ParsedScrape:
+    async def scrape(
+        self, timeout: float = CALL_TIMEOUT_S, limits: ScrapeLimits | None = None
+    ) -> ParsedScrape:
         """The target's metrics now, parsed off the event loop (a 50 KB body would stall it)."""
-        text = await self.metrics_text(timeout)
-        return await asyncio.to_thread(_parsed, text, self.target.url(METRICS))
+        limits = limits or ScrapeLimits()
+        text = await self.metrics_text(timeout, limits.body_limit_bytes)
+        return await asyncio.to_thread(parse_page, text, self.target.url(METRICS), limits)
 
     async def healthy(self, timeout: float = 5.0) -> bool:
-        """Whether `/health` answers 200."""
+        """Whether the health endpoint answers 200 within `timeout`."""
         try:
             async with asyncio.timeout(timeout):
                 resp = await self.http.get(
@@ -309,14 +323,21 @@ class AsyncVllmClient:
             return False
         return resp.status_code == 200
 
-    async def models(self, timeout: float = CALL_TIMEOUT_S) -> list[str]:
-        """The model ids `/v1/models` lists; its status says whether our token is good."""
-        url = self.target.url(MODELS)
+    async def _get_json(self, url: str, timeout: float) -> httpx.Response:
         try:
-            resp = await self.http.get(url, headers=self.target.headers, timeout=timeout)
+            async with asyncio.timeout(timeout):
+                resp = await self.http.get(url, headers=self.target.headers, timeout=timeout)
+                await resp.aread()
+        except TimeoutError as err:
+            raise _timed_out(url, timeout) from err
         except httpx.HTTPError as err:
             raise transport_error(err, url, timeout) from err
-        return _models(resp, url)
+        return resp
+
+    async def models(self, timeout: float = CALL_TIMEOUT_S) -> list[str]:
+        """The model ids of the model list; its status says whether our token is good."""
+        url = self.target.url(MODELS)
+        return _models(await self._get_json(url, timeout), url)
 
     async def first_model(self) -> str:
         """The first model listed; a clear error when there is none."""
@@ -326,22 +347,68 @@ class AsyncVllmClient:
         return ids[0]
 
     async def count_tokens(self, model: str, text: str, chat: bool = False) -> int | None:
-        """Tokens of `text` as the engine counts them; None when it has no `/tokenize`."""
+        """Tokens of `text` as the engine counts them; None when it has no tokenizer endpoint."""
         url = self.target.url(TOKENIZE)
         try:
-            resp = await self.http.post(
-                url,
-                json=tokenize_body(model, text, chat),
-                headers=self.target.headers,
-                timeout=CALL_TIMEOUT_S,
-            )
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                resp = await self.http.post(
+                    url,
+                    json=tokenize_body(model, text, chat),
+                    headers=self.target.headers,
+                    timeout=CALL_TIMEOUT_S,
+                )
+        except TimeoutError as err:
+            raise _timed_out(url, CALL_TIMEOUT_S) from err
         except httpx.HTTPError as err:
             raise transport_error(err, url, CALL_TIMEOUT_S) from err
         if resp.status_code in (404, 405, 501):
             return None
         if resp.status_code != 200:
-            raise status_error(resp.status_code, url, resp.text)
+            raise status_error(resp, url, resp.text)
         try:
             return int(resp.json()["count"])
         except (ValueError, KeyError, TypeError) as err:
             raise TargetError(f"{url} answered without a token count") from err
+
+
+# --- the synchronous client: the same calls, each on an event loop of its own --------------
+
+
+class VllmClient:
+    """The same calls for synchronous callers (the engine supervisor, the CLI, checks).
+
+    Each call runs the asynchronous one on a short-lived event loop in the calling thread,
+    so its deadline holds whatever the server does; `transport` is injectable for tests.
+    """
+
+    def __init__(self, target: Target, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.target, self.transport = target, transport
+
+    def _run(self, call: Callable[[AsyncVllmClient], Awaitable[T]]) -> T:
+        async def go() -> T:
+            async with httpx.AsyncClient(transport=self.transport) as http:
+                return await call(AsyncVllmClient(self.target, http))
+
+        return asyncio.run(go())
+
+    def metrics_text(
+        self, timeout: float = SCRAPE_TIMEOUT_S, limit: int = MAX_METRICS_BYTES
+    ) -> str:
+        """The metrics page, within `timeout` in all and at most `limit` bytes."""
+        return self._run(lambda c: c.metrics_text(timeout, limit))
+
+    def scrape(
+        self, timeout: float = SCRAPE_TIMEOUT_S, limits: ScrapeLimits | None = None
+    ) -> ParsedScrape:
+        """Fetch and parse the target's metrics within the limits."""
+        limits = limits or ScrapeLimits()
+        text = self.metrics_text(timeout, limits.body_limit_bytes)
+        return parse_page(text, self.target.url(METRICS), limits)
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """Whether the health endpoint answers 200 within `timeout`."""
+        return self._run(lambda c: c.healthy(timeout))
+
+    def models(self, timeout: float = CALL_TIMEOUT_S) -> list[str]:
+        """The model ids the model list names."""
+        return self._run(lambda c: c.models(timeout))

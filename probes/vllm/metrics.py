@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner.errors import NotPrometheusText
+from planner.errors import NotPrometheusText, TargetError
 from planner.stats import histogram_quantile
 from storage.names import LATENCY_HISTOGRAMS, METRICS, QUANTILES, Kind
 
@@ -113,8 +113,11 @@ def _raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str
     return sample_name, "gauge"
 
 
-def parse_metrics(text: str) -> ParsedScrape:
-    """Parse a metrics page; raise NotPrometheusText when nothing in it is Prometheus text."""
+def parse_metrics(
+    text: str, *, label_limit: int | None = None, label_value_length_limit: int | None = None
+) -> ParsedScrape:
+    """Parse a metrics page; raise NotPrometheusText when nothing in it is Prometheus text,
+    TargetError when a sample has more labels, or a longer label value, than allowed."""
     stripped = text.lstrip()
     if not stripped:
         raise NotPrometheusText("the response body is empty")
@@ -138,6 +141,7 @@ def parse_metrics(text: str) -> ParsedScrape:
         parsed_any = parsed_any or bool(families)
         for fam in families:
             for s in fam.samples:
+                _check_labels(s.name, s.labels, label_limit, label_value_length_limit)
                 if s.name.endswith("_created"):
                     continue
                 if s.name == CACHE_CONFIG:
@@ -186,6 +190,20 @@ def parse_metrics(text: str) -> ParsedScrape:
                 series, role = canon, kind.value
             out.samples.append(ParsedSample(series, canon, labels, value, raw, role))
     return out
+
+
+def _check_labels(
+    name: str, labels: dict[str, str], limit: int | None, value_limit: int | None
+) -> None:
+    if limit is not None and len(labels) > limit:
+        raise TargetError(f"{name[:100]} has {len(labels)} labels, over the label limit of {limit}")
+    if value_limit is not None:
+        for key, value in labels.items():
+            if len(value) > value_limit:
+                raise TargetError(
+                    f"{name[:100]} has a {key[:100]} label of {len(value):,} characters, over "
+                    f"the label value length limit of {value_limit:,}"
+                )
 
 
 def summarize(scrape: ParsedScrape) -> dict[str, Any]:

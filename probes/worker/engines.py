@@ -23,10 +23,12 @@ log = logging.getLogger("kvscope.worker")
 class EngineRegistry(Mapping[str, EngineManager]):
     """The managers made so far, by engine name (a read-only mapping)."""
 
-    def __init__(self, store: Engine, data_dir: Path, http: httpx.Client) -> None:
+    def __init__(
+        self, store: Engine, data_dir: Path, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.store = store
         self.data_dir = data_dir
-        self.http = http
+        self.transport = transport
         self._managers: dict[str, EngineManager] = {}
         # Jobs, run handlers and the main loop ask at once; one manager per engine, always.
         self._lock = threading.Lock()
@@ -47,7 +49,7 @@ class EngineRegistry(Mapping[str, EngineManager]):
         with self._lock:
             manager = self._managers.get(name)
             if manager is None:
-                manager = EngineManager(self.store, self.data_dir, spec, self.http)
+                manager = EngineManager(self.store, self.data_dir, spec, self.transport)
                 self._managers[name] = manager
             elif manager.spec != spec and not manager.alive():
                 manager.spec = spec

@@ -1,7 +1,7 @@
 """The worker's APScheduler wiring: a BackgroundScheduler with its job store in kvscope's own
 database and explicit job defaults, the module-level job entry points (a stored job names a
-function, never an object, so each finds its worker by key), and scrape and schedule jobs
-kept in step with what the worker wants.
+function, never an object, so each finds its worker by key), and probe schedule jobs kept
+in step with their table. Scrapes are not jobs here: `scraping.ScrapeLoop` times them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ JOB_DEFAULTS: dict[str, Any] = {"coalesce": True, "max_instances": 1, "misfire_g
 RETENTION_EVERY_S = 600.0
 HEARTBEAT_EVERY_S = 5.0
 ENGINES_EVERY_S = 2.0
+HOUSEKEEPING_THREADS = 4
 
 
 class JobHost(Protocol):
@@ -35,8 +36,6 @@ class JobHost(Protocol):
 
     store: Engine
     settings: Settings
-
-    def scrape_target(self, target_id: int) -> None: ...
 
     def queue_scheduled(self, schedule_id: int) -> None: ...
 
@@ -66,12 +65,6 @@ def _on_host(key: str, what: str, task: Callable[[JobHost], object]) -> None:
 
 
 # --- job entry points: module level, so the SQLAlchemy job store can reference them ------
-
-
-def scrape_job(key: str, target_id: int) -> None:
-    """Scrape one target (APScheduler job)."""
-    if host := _HOSTS.get(key):
-        host.scrape_target(target_id)
 
 
 def rollup_job(key: str) -> None:
@@ -120,7 +113,12 @@ class WorkerJobs:
         self.key = key
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=store)},
-            executors={"default": JobThreadPool(max_workers=8)},
+            # Housekeeping and engine supervision in pools of their own: a slow alert pass
+            # cannot hold up the heartbeat's pool share or a crashed engine's restart.
+            executors={
+                "default": JobThreadPool(max_workers=HOUSEKEEPING_THREADS),
+                "engines": JobThreadPool(max_workers=1),
+            },
             job_defaults=dict(JOB_DEFAULTS),
         )
 
@@ -133,13 +131,13 @@ class WorkerJobs:
             if tuple(job.args[:1]) != (self.key,):
                 job.remove()
         s = host.settings
-        for job_fn, job_id, every in (
-            (rollup_job, "rollup", s.rollup_interval_s),
-            (retention_job, "retention", RETENTION_EVERY_S),
-            (gpu_job, "gpu", s.gpu_interval_s),
-            (heartbeat_job, "heartbeat", HEARTBEAT_EVERY_S),
-            (engines_job, "engines", ENGINES_EVERY_S),
-            (alerts_job, "alerts", s.alert_interval_s),
+        for job_fn, job_id, every, executor in (
+            (rollup_job, "rollup", s.rollup_interval_s, "default"),
+            (retention_job, "retention", RETENTION_EVERY_S, "default"),
+            (gpu_job, "gpu", s.gpu_interval_s, "default"),
+            (heartbeat_job, "heartbeat", HEARTBEAT_EVERY_S, "default"),
+            (engines_job, "engines", ENGINES_EVERY_S, "engines"),
+            (alerts_job, "alerts", s.alert_interval_s, "default"),
         ):
             self.scheduler.add_job(
                 job_fn,
@@ -149,6 +147,7 @@ class WorkerJobs:
                 id=job_id,
                 replace_existing=True,
                 next_run_time=_soon(),
+                executor=executor,
             )
 
     def resume(self) -> None:
@@ -163,30 +162,6 @@ class WorkerJobs:
     def unregister(self) -> None:
         """Stored jobs that still fire find no worker under this key."""
         _HOSTS.pop(self.key, None)
-
-    def sync_scrapes(self, wanted: set[int], every_s: float) -> set[int]:
-        """One scrape job per wanted target id; returns the ids whose job was removed."""
-        scheduled = {
-            int(j.id.split(":", 1)[1])
-            for j in self.scheduler.get_jobs()
-            if j.id.startswith("scrape:")
-        }
-        for tid in wanted - scheduled:
-            self.scheduler.add_job(
-                scrape_job,
-                "interval",
-                seconds=every_s,
-                args=[self.key, tid],
-                id=f"scrape:{tid}",
-                replace_existing=True,
-                next_run_time=_soon(),
-                misfire_grace_time=max(1, int(every_s)),
-            )
-        removed = scheduled - wanted
-        for tid in removed:
-            with contextlib.suppress(JobLookupError):
-                self.scheduler.remove_job(f"scrape:{tid}")
-        return removed
 
     def sync_schedules(self, wanted: Mapping[int, float]) -> None:
         """One interval job per probe schedule id, every `wanted[id]` seconds."""

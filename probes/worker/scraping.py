@@ -1,26 +1,36 @@
-"""Scraping targets: metrics read through `VllmClient`, samples stored by `SampleWriter`, and
-each target's health kept as data. A failure marks the target down, records `target_down`
-once and backs off (interval x 2^(failures-1), at most 60 s); recovery, counters that fall
-and changed parse warnings are events too.
+"""Scraping targets, as Prometheus does it: one loop per target, one deadline per scrape.
+
+`ScrapeLoop` runs every target's scrape on one event loop in a thread of its own: each
+target has its own task and schedule, and each scrape one deadline for all of it (connect,
+headers, body), so a target that drips, hangs or floods ends on time and cannot delay
+another. Parsing and storing run in a small pool of their own. `TargetScraper` turns an
+answer into stored samples, health and events: every scrape stores `up` (1/0) and its
+duration; a failure (or a page over a limit, which stores nothing else) marks the target
+down, records `target_down` once and backs off (interval x 2^(failures-1), at most 60 s).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from sqlalchemy import Engine
 
-from planner.errors import KvscopeError, NotFound
-from probes.vllm.client import Target, VllmClient
-from probes.vllm.metrics import summarize
+from planner.errors import KvscopeError, LimitExceeded, NotFound, StorageError
+from probes.engine.spec import address
+from probes.vllm.client import METRICS, AsyncVllmClient, Target, VllmClient, parse_page
+from probes.vllm.metrics import ParsedScrape, summarize
 from storage import queries as q
-from storage.ingest import SampleWriter
-from storage.schemas import TargetRow
+from storage.ingest import Point, SampleWriter
+from storage.schemas import ScrapeLimits, TargetRow
 from storage.settings import Settings
 
 log = logging.getLogger("kvscope.worker")
@@ -28,25 +38,40 @@ log = logging.getLogger("kvscope.worker")
 # Counters whose fall means the engine restarted (worth an event, and handled by rates).
 RESET_WATCH = ("generation_tokens_total", "prompt_tokens_total", "preemptions_total")
 MAX_BACKOFF_S = 60.0
+STORE_THREADS = 4
 
 
 @dataclass
 class _TargetState:
-    """In-memory per-target bookkeeping of the scrape job."""
+    """In-memory per-target bookkeeping between scrapes."""
 
     failures: int = 0
-    next_attempt: float = 0.0
     counters: dict[str, float] = field(default_factory=dict)
     warning: str | None = None
 
 
-class TargetScraper:
-    """Scrapes stored targets into the store; remembers each one's failures and counters."""
+@dataclass(frozen=True)
+class Answer:
+    """What one scrape brought back: the page, or why there is none, and how long it took."""
 
-    def __init__(self, store: Engine, settings: Settings, http: httpx.Client) -> None:
+    started_at: float  # wall clock: the samples' timestamp
+    duration_s: float
+    text: str | None = None
+    error: str | None = None
+
+
+class TargetScraper:
+    """Turns answers into stored samples, health and events; remembers each target's state."""
+
+    def __init__(
+        self,
+        store: Engine,
+        settings: Settings,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
-        self.http = http
+        self.transport = transport
         self.writer = SampleWriter(store)
         self._states: dict[int, _TargetState] = {}
         self._lock = threading.Lock()
@@ -56,13 +81,38 @@ class TargetScraper:
         """How many targets the scraper keeps state for."""
         return len(self._states)
 
-    def client(self, target: TargetRow) -> VllmClient:
-        """The client of a stored target, with its token read now."""
-        return VllmClient(Target.resolve(target.base_url, target.token_env), self.http)
+    def limits(self, target: TargetRow) -> ScrapeLimits:
+        """The worker's scrape settings with the target's own overrides."""
+        return self.settings.scrape.merged(target.scrape)
+
+    def address(self, target: TargetRow) -> Target:
+        """Where the target answers, with its token read now."""
+        return address(self.store, target)
 
     def check(self, target: TargetRow) -> dict[str, Any]:
         """Scrape once without storing; a summary of what the target serves."""
-        return summarize(self.client(target).scrape(self.settings.scrape_timeout_s))
+        limits = self.limits(target)
+        client = VllmClient(self.address(target), self.transport)
+        return summarize(client.scrape(limits.deadline_s, limits))
+
+    def scrape(self, target_id: int) -> None:
+        """Scrape one target now and record it (the loop does this on schedule)."""
+        try:
+            target = q.get_target(self.store, target_id)
+        except NotFound:
+            return
+        limits = self.limits(target)
+        started, t0 = time.time(), time.monotonic()
+        try:
+            client = VllmClient(self.address(target), self.transport)
+            answer = Answer(
+                started,
+                time.monotonic() - t0,
+                text=client.metrics_text(limits.deadline_s, limits.body_limit_bytes),
+            )
+        except KvscopeError as err:
+            answer = Answer(started, time.monotonic() - t0, error=str(err))
+        self.record(target, answer)
 
     def forget(self, target_id: int) -> None:
         """Drop what was kept for a target that is no longer scraped."""
@@ -70,31 +120,52 @@ class TargetScraper:
             self._states.pop(target_id, None)
         self.writer.forget_target(target_id)
 
-    def scrape(self, target_id: int) -> None:
-        """Scrape, store, and record health; a failure backs off and never raises."""
+    def backoff_s(self, target_id: int, interval_s: float) -> float:
+        """How long until the next attempt: the interval, or longer after failures."""
+        failures = self._state(target_id).failures
+        if not failures:
+            return interval_s
+        return float(min(interval_s * 2 ** (failures - 1), MAX_BACKOFF_S))
+
+    def _state(self, target_id: int) -> _TargetState:
         with self._lock:
-            st = self._states.setdefault(target_id, _TargetState())
-        now = time.time()
-        if now < st.next_attempt:
-            return
+            return self._states.setdefault(target_id, _TargetState())
+
+    def record(self, target: TargetRow, answer: Answer) -> None:
+        """Parse and store one answer, then the target's health; never raises."""
         try:
-            target = q.get_target(self.store, target_id)
-        except NotFound:
-            return  # removed while the job was due; the next sync drops the job
-        try:
-            parsed = self.client(target).scrape(self.settings.scrape_timeout_s)
-        except KvscopeError as err:
-            self._failed(target, st, str(err), now)
-            return
-        ts = time.time()
-        try:
-            self.writer.write(target.id, parsed.samples, ts)
-        except KvscopeError as err:
+            self._record(target, answer)
+        except StorageError as err:
             log.warning("target %s: %s", target.name, err)
-            q.record_event(
-                self.store, "storage_error", str(err), target_id=target.id, severity="error"
-            )
-            return
+            with contextlib.suppress(KvscopeError):
+                q.record_event(
+                    self.store, "storage_error", str(err), target_id=target.id, severity="error"
+                )
+
+    def _record(self, target: TargetRow, answer: Answer) -> None:
+        st = self._state(target.id)
+        limits = self.limits(target)
+        error, parsed = answer.error, None
+        if answer.text is not None:
+            try:
+                parsed = parse_page(answer.text, self.address(target).url(METRICS), limits)
+                self.writer.write(
+                    target.id, parsed.samples, answer.started_at, series_limit=limits.series_limit
+                )
+            except (KvscopeError, LimitExceeded) as err:
+                if isinstance(err, StorageError):
+                    raise
+                error, parsed = str(err), None
+        # The scrape's own series are exempt from the series limit: they say why it failed.
+        self.writer.write(target.id, _scrape_points(error is None, answer), answer.started_at)
+        if error is not None or parsed is None:
+            self._failed(target, st, error or "no answer", answer.started_at, limits.interval_s)
+        else:
+            self._succeeded(target, st, parsed, answer.started_at)
+
+    def _succeeded(
+        self, target: TargetRow, st: _TargetState, parsed: ParsedScrape, ts: float
+    ) -> None:
         warning = "; ".join(parsed.warnings) or None
         before, _ = q.set_target_health(
             self.store,
@@ -120,14 +191,15 @@ class TargetScraper:
                 target_id=target.id,
                 severity="warning",
             )
-        st.warning, st.failures, st.next_attempt = warning, 0, 0.0
-        self._check_resets(target, st, parsed.samples)
+        st.warning, st.failures = warning, 0
+        self._check_resets(target, st, parsed)
 
-    def _failed(self, target: TargetRow, st: _TargetState, message: str, now: float) -> None:
+    def _failed(
+        self, target: TargetRow, st: _TargetState, message: str, ts: float, interval_s: float
+    ) -> None:
         st.failures += 1
-        delay = min(self.settings.scrape_interval_s * 2 ** (st.failures - 1), MAX_BACKOFF_S)
-        st.next_attempt = now + delay
-        before, _ = q.set_target_health(self.store, target.id, ok=False, message=message, ts=now)
+        delay = self.backoff_s(target.id, interval_s)
+        before, _ = q.set_target_health(self.store, target.id, ok=False, message=message, ts=ts)
         if before != "down":
             q.record_event(
                 self.store,
@@ -138,9 +210,9 @@ class TargetScraper:
                 data={"retry_in_s": delay},
             )
 
-    def _check_resets(self, target: TargetRow, st: _TargetState, samples: list[Any]) -> None:
+    def _check_resets(self, target: TargetRow, st: _TargetState, parsed: ParsedScrape) -> None:
         values: dict[str, float] = {}
-        for s in samples:
+        for s in parsed.samples:
             if s.series in RESET_WATCH:
                 values[s.series] = values.get(s.series, 0.0) + s.value
         fell = [k for k, v in values.items() if v < st.counters.get(k, 0.0)]
@@ -155,3 +227,108 @@ class TargetScraper:
                 data={k: {"before": st.counters.get(k), "after": values[k]} for k in fell},
             )
         st.counters = values
+
+
+def _scrape_points(ok: bool, answer: Answer) -> list[Point]:
+    """`up` and the scrape's duration, stored for every scrape whatever it brought."""
+    return [
+        Point("up", {}, 1.0 if ok else 0.0, kind="gauge"),
+        Point("scrape_duration_s", {}, round(answer.duration_s, 6), kind="gauge"),
+    ]
+
+
+class ScrapeLoop:
+    """Every target's scrapes on one event loop in a thread of its own; a task per target."""
+
+    def __init__(self, scraper: TargetScraper, store_threads: int = STORE_THREADS) -> None:
+        self.scraper = scraper
+        self._pool = ThreadPoolExecutor(store_threads, thread_name_prefix="kvscope-scrape-store")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="kvscope-scrapes", daemon=True)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._targets: dict[int, TargetRow] = {}
+        self._http: httpx.AsyncClient | None = None
+        self._started = False
+
+    def start(self) -> None:
+        """Start the loop's thread (idempotent)."""
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._http = httpx.AsyncClient(
+            transport=self.scraper.transport, headers={"User-Agent": "kvscope"}
+        )
+        self._loop.run_forever()
+
+    def sync(self, targets: Iterable[TargetRow]) -> set[int]:
+        """Scrape exactly these targets from now on; returns the ids that were dropped."""
+        wanted = {t.id: t for t in targets}
+        dropped = set(self._targets) - set(wanted)
+        self._targets = wanted
+        if self._started:
+            self._loop.call_soon_threadsafe(self._apply)
+        return dropped
+
+    def _apply(self) -> None:
+        for tid in set(self._tasks) - set(self._targets):
+            self._tasks.pop(tid).cancel()
+        for tid in set(self._targets) - set(self._tasks):
+            self._tasks[tid] = self._loop.create_task(self._run(tid), name=f"scrape:{tid}")
+
+    async def _run(self, tid: int) -> None:
+        """One target's schedule: scrape, record, wait for the next slot (or a backoff)."""
+        loop = asyncio.get_running_loop()
+        first = self._targets[tid]
+        # Spread the targets over the interval so they do not all start at once.
+        next_at = loop.time() + (tid * 0.618) % self.scraper.limits(first).interval_s * 0.5
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            target = self._targets.get(tid)
+            if target is None:
+                return
+            limits = self.scraper.limits(target)
+            t0 = loop.time()
+            answer = await self._fetch(target, limits)
+            try:
+                await loop.run_in_executor(self._pool, self.scraper.record, target, answer)
+            except RuntimeError:
+                return  # the pool was shut down: the worker is stopping
+            wait = self.scraper.backoff_s(tid, limits.interval_s)
+            if wait > limits.interval_s:
+                next_at = t0 + wait
+            else:
+                next_at += limits.interval_s
+                if next_at <= loop.time():  # fell behind (a slow store): skip to the next slot
+                    behind = loop.time() - next_at
+                    next_at += (behind // limits.interval_s + 1) * limits.interval_s
+
+    async def _fetch(self, target: TargetRow, limits: ScrapeLimits) -> Answer:
+        started, t0 = time.time(), time.monotonic()
+        assert self._http is not None
+        try:
+            client = AsyncVllmClient(self.scraper.address(target), self._http)
+            text = await client.metrics_text(limits.deadline_s, limits.body_limit_bytes)
+        except KvscopeError as err:
+            return Answer(started, time.monotonic() - t0, error=str(err))
+        return Answer(started, time.monotonic() - t0, text=text)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel every target's task, close the client, stop the thread and the pool."""
+        if self._started:
+
+            async def close() -> None:
+                for task in self._tasks.values():
+                    task.cancel()
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+                self._tasks.clear()
+                if self._http is not None:
+                    await self._http.aclose()
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,6 +1,6 @@
 """The worker: one long-lived process that scrapes targets and carries out requested work.
 
-`Worker` composes the scheduler wiring (`scheduler`), target scraping (`scraping`), the
+`Worker` composes the scheduler wiring (`scheduler`), the scrape loop (`scraping`), the
 managed engines (`engines`) and the work queue (`work`), and owns the lifecycle, the
 heartbeat and the demo load. Every failure ends up in the store as data.
 """
@@ -24,7 +24,7 @@ from probes.worker.demo import DemoLoad
 from probes.worker.engines import EngineRegistry
 from probes.worker.gpu import GpuSampler
 from probes.worker.scheduler import WorkerJobs, guarded
-from probes.worker.scraping import TargetScraper
+from probes.worker.scraping import ScrapeLoop, TargetScraper
 from probes.worker.work import Handler, WorkQueue
 from storage import queries as q
 from storage.db import open_store
@@ -39,20 +39,22 @@ class Worker:
     def __init__(
         self,
         settings: Settings,
-        client: httpx.Client | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         handlers: dict[str, Handler] | None = None,
         store: Engine | None = None,
     ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.db_url)
-        self.client = client or httpx.Client(headers={"User-Agent": "kvscope"})
         self.key = uuid.uuid4().hex
         self.started_at = time.time()
         self.gpus = GpuSampler()
-        self.scraper = TargetScraper(self.store, settings, self.client)
-        self.engines = EngineRegistry(self.store, settings.data_dir, self.client)
+        self.scraper = TargetScraper(self.store, settings, transport)
+        self.scrapes = ScrapeLoop(self.scraper)
+        self.engines = EngineRegistry(self.store, settings.data_dir, transport)
         self._stop = threading.Event()
-        self.work = WorkQueue(self.store, self.scraper, self.engines, self._stop, handlers)
+        self.work = WorkQueue(
+            self.store, self.scraper, self.engines, self._stop, settings, handlers
+        )
         self.jobs = WorkerJobs(self.store, self.key)
         self.scheduler = self.jobs.scheduler
         self.keep_engines = False  # tests: leave engines running, as a crashed worker would
@@ -66,6 +68,7 @@ class Worker:
         self.work.recover()
         self.jobs.start(self)
         self.engines.adopt_or_clean()
+        self.scrapes.start()
         self.sync_targets()
         self.jobs.resume()
         if self.settings.demo_load:
@@ -97,6 +100,7 @@ class Worker:
     def stop(self) -> None:
         """Stop the scheduler and runs; runs still going are marked interrupted."""
         self._stop.set()
+        self.scrapes.stop()
         self.jobs.shutdown()
         self.work.shutdown()
         if self.demo is not None:
@@ -151,16 +155,15 @@ class Worker:
                 "running": True,
                 "started_at": self.started_at,
                 "targets": self.scraper.tracked,
-                "scrape_interval_s": self.settings.scrape_interval_s,
+                "scrape_interval_s": self.settings.scrape.interval_s,
             },
         )
 
     # -- keeping jobs in step with their tables ----------------------------------------------
 
     def sync_targets(self) -> None:
-        """Add scrape jobs for new enabled targets, remove those of removed or disabled ones."""
-        wanted = {t.id for t in q.list_targets(self.store, enabled_only=True)}
-        for tid in self.jobs.sync_scrapes(wanted, self.settings.scrape_interval_s):
+        """Scrape the enabled targets as they are now; forget removed or disabled ones."""
+        for tid in self.scrapes.sync(q.list_targets(self.store, enabled_only=True)):
             self.scraper.forget(tid)
 
     def sync_schedules(self) -> None:

@@ -1,33 +1,44 @@
-"""The work queue: requested runs (`probe_runs` rows) claimed by kind, two at a time, each
-handed to its handler on a background thread. Every run ends with its outcome written back:
-done with a summary, failed with a message, cancelled with what was measured so far. Also
-queues the runs of probe schedules and marks the runs a worker left behind as interrupted.
+"""The work queue: requested runs (`probe_runs` rows) claimed by kind, each on a thread of
+its own, in two lanes: control (engine start/stop/restart, target checks) and probes, so an
+engine stop never waits behind a long probe. Every item gets a deadline when it is claimed;
+past it a probe is stopped and ends `timed_out`, and any item still running a grace period
+later is marked `timed_out` and left behind. Every run ends with its outcome written back:
+done with a summary, failed with a message, cancelled or timed out with what was measured so
+far. Also queues the runs of probe schedules and marks runs a worker left behind interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
+from probes.engine.process import STOP_TIMEOUT_S
+from probes.engine.spec import address
+from probes.engine.supervision import START_TIMEOUT_S
 from probes.kinds import KINDS, ProbeCancelled, StoredRun, get_kind, parse_params
 from probes.kinds.context import stored
-from probes.kinds.runner import address
 from probes.worker.engines import EngineRegistry
 from probes.worker.scraping import TargetScraper
 from storage import queries as q
 from storage.schemas import RunRow, TargetRow
+from storage.settings import Settings
 
 log = logging.getLogger("kvscope.worker")
 
-PARALLEL_RUNS = 2
+PARALLEL_RUNS = 2  # probes at once
+CONTROL_RUNS = 4  # engine commands and checks at once
+CONTROL_KINDS = ("check_target", "engine_start", "engine_stop", "engine_restart")
+GRACE_S = 30.0  # how long past its deadline a run may take to stop before it is left behind
+DEFAULT_DEADLINE_S = 600.0
 
 Handler = Callable[["WorkQueue", RunRow], dict[str, Any]]
 
@@ -92,7 +103,8 @@ def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
 
 def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     """Run a requested probe against its target, storing progress and request records."""
-    params = parse_params(run.kind, run.params, q.stored_profiles(work.store))
+    limits = work.settings.probe_limits
+    params = parse_params(run.kind, run.params, q.stored_profiles(work.store), limits)
     if run.target_id is None:
         raise NotFound("this probe run names no target")
     target = work.target(run.target_id)
@@ -104,6 +116,7 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
         managed=target.managed,
         spec=manager.spec if manager else None,
         model=target.model_name,
+        limits=limits,
     )
     summary = stored(outcome.result)
     if outcome.cancelled:
@@ -120,8 +133,20 @@ BUILTIN_HANDLERS: dict[str, Handler] = {
 }
 
 
+@dataclass
+class _Active:
+    """A claimed run: its thread and when it must have ended (monotonic)."""
+
+    run: RunRow
+    lane: str
+    thread: threading.Thread
+    deadline: float
+    deadline_s: float
+    overdue: bool = False
+
+
 class WorkQueue:
-    """Claims queued runs this worker has handlers for and carries them out."""
+    """Claims queued runs this worker has handlers for and carries them out, lane by lane."""
 
     def __init__(
         self,
@@ -129,15 +154,18 @@ class WorkQueue:
         scraper: TargetScraper,
         engines: EngineRegistry,
         stopping: threading.Event,
+        settings: Settings,
         handlers: Mapping[str, Handler] | None = None,
     ) -> None:
         self.store = store
         self.scraper = scraper
         self.engines = engines
         self.stopping = stopping  # set when the worker stops: runs end early
+        self.settings = settings
         self.handlers: dict[str, Handler] = {**BUILTIN_HANDLERS, **(handlers or {})}
-        self._pool = ThreadPoolExecutor(max_workers=PARALLEL_RUNS, thread_name_prefix="kvscope-run")
-        self._active: dict[int, Future[None]] = {}
+        self._active: dict[int, _Active] = {}
+        self._lock = threading.Lock()
+        self._closed = False
 
     def target(self, target_id: int) -> TargetRow:
         """A target by id."""
@@ -166,51 +194,145 @@ class WorkQueue:
             target_id=sched.target_id,
         )
 
+    def lanes(self) -> dict[str, tuple[list[str], int]]:
+        """Each lane's kinds and how many of its runs may go at once."""
+        control = [k for k in self.handlers if k not in KINDS]
+        probes = [k for k in self.handlers if k in KINDS]
+        return {"control": (control, CONTROL_RUNS), "probes": (probes, PARALLEL_RUNS)}
+
     def pick_up(self) -> None:
-        """Claim queued runs the worker has handlers for and run them in the background."""
-        self._active = {k: f for k, f in self._active.items() if not f.done()}
+        """Enforce deadlines, then claim queued runs into every lane that has room."""
+        if self._closed:
+            return
+        self.enforce_deadlines()
         q.fail_unknown_runs(self.store, list(self.handlers))
-        while len(self._active) < PARALLEL_RUNS:
-            run = q.claim_next_run(self.store, list(self.handlers))
-            if run is None:
-                return
-            self._active[run.id] = self._pool.submit(self._execute, run)
+        for lane, (kinds, room) in self.lanes().items():
+            while kinds and self._running(lane) < room:
+                run = q.claim_next_run(self.store, kinds)
+                if run is None:
+                    break
+                self._launch(run, lane)
+
+    def _running(self, lane: str) -> int:
+        with self._lock:
+            return sum(1 for a in self._active.values() if a.lane == lane)
+
+    def deadline_s(self, run: RunRow) -> float:
+        """How long a claimed run may take."""
+        if run.kind in KINDS:
+            try:
+                kind = get_kind(run.kind)
+                return kind.deadline_s(
+                    parse_params(run.kind, run.params, q.stored_profiles(self.store)),
+                    self.settings.probe_limits,
+                )
+            except KvscopeError:
+                return DEFAULT_DEADLINE_S  # refused by its handler at once anyway
+        if run.kind == "check_target":
+            return self.settings.scrape.deadline_s + 10.0
+        if run.kind == "engine_stop":
+            return STOP_TIMEOUT_S + 30.0
+        if run.kind in ("engine_start", "engine_restart"):
+            return START_TIMEOUT_S + STOP_TIMEOUT_S + 60.0
+        return DEFAULT_DEADLINE_S
+
+    def _launch(self, run: RunRow, lane: str) -> None:
+        deadline_s = self.deadline_s(run)
+        q.update_run(self.store, run.id, deadline_at=time.time() + deadline_s)
+        thread = threading.Thread(
+            target=self._execute, args=(run,), name=f"kvscope-run-{run.id}", daemon=True
+        )
+        with self._lock:
+            self._active[run.id] = _Active(
+                run, lane, thread, time.monotonic() + deadline_s, deadline_s
+            )
+        thread.start()
+
+    def enforce_deadlines(self) -> None:
+        """Stop what ran past its deadline; leave behind what did not stop in the grace."""
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._active.values())
+        for item in items:
+            if now <= item.deadline:
+                continue
+            if not item.overdue:
+                item.overdue = True  # a probe sees the cancel within a second and stops
+                with contextlib.suppress(KvscopeError):
+                    q.cancel_run(self.store, item.run.id)
+            elif now > item.deadline + GRACE_S:
+                q.update_run(
+                    self.store,
+                    item.run.id,
+                    only_running=True,
+                    status="timed_out",
+                    error=f"ran past its deadline of {item.deadline_s:.0f} s and did not stop "
+                    f"within {GRACE_S:.0f} s more; the worker stopped waiting for it",
+                )
+                with self._lock:
+                    self._active.pop(item.run.id, None)
 
     def cancelled(self, run_id: int) -> bool:
         """Whether the user asked this run to stop, or the worker is stopping."""
         return q.get_run(self.store, run_id).cancel_requested or self.stopping.is_set()
 
-    def shutdown(self) -> None:
-        """Take no more runs; those not started are dropped, those running go on."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def active(self) -> list[RunRow]:
+        """The runs being carried out now."""
+        with self._lock:
+            return [a.run for a in self._active.values()]
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Take no more runs; give the running ones `timeout` to end (they see the stop)."""
+        self._closed = True
+        end = time.monotonic() + timeout
+        with self._lock:
+            threads = [a.thread for a in self._active.values()]
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     def interrupt_running(self) -> None:
         """At stop: what still runs is marked interrupted."""
         q.interrupt_running(self.store, "the worker was stopped while this run was running")
 
     def _execute(self, run: RunRow) -> None:
+        try:
+            self._outcome(run)
+        finally:
+            with self._lock:
+                self._active.pop(run.id, None)
+
+    def _finish(self, run: RunRow, **values: Any) -> None:
+        with self._lock:
+            item = self._active.get(run.id)
+        if item is not None and item.overdue and values.get("status") == "cancelled":
+            values["status"] = "timed_out"
+            values["error"] = (
+                f"ran past its deadline of {item.deadline_s:.0f} s and was stopped; what it "
+                "measured so far is kept"
+            )
+        q.update_run(self.store, run.id, only_running=True, **values)
+
+    def _outcome(self, run: RunRow) -> None:
         handler = self.handlers[run.kind]
         try:
             summary = handler(self, run)
         except ProbeCancelled as err:
-            q.update_run(self.store, run.id, status="cancelled", error=str(err))
+            self._finish(run, status="cancelled", error=str(err))
         except RunCancelled as cancelled:
-            q.update_run(
-                self.store,
-                run.id,
+            self._finish(
+                run,
                 status="cancelled",
                 summary=cancelled.summary,
                 error="cancelled on request; the results so far are kept",
             )
         except KvscopeError as err:
-            q.update_run(self.store, run.id, status="failed", error=str(err))
+            self._finish(run, status="failed", error=str(err))
         except Exception as err:
             log.error("run %s (%s) crashed:\n%s", run.id, run.kind, traceback.format_exc())
-            q.update_run(
-                self.store,
-                run.id,
+            self._finish(
+                run,
                 status="failed",
                 error=f"internal error in the {run.kind} handler: {type(err).__name__}: {err}",
             )
         else:
-            q.update_run(self.store, run.id, status="done", progress=1.0, summary=summary)
+            self._finish(run, status="done", progress=1.0, summary=summary)

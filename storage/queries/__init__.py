@@ -33,6 +33,7 @@ from storage.queries.events import events, record_event
 from storage.queries.records import add_latency_columns, run_records, target_records
 from storage.queries.runs import (
     ACTIVE_STATES,
+    FINAL_STATES,
     RUN_STATES,
     cancel_run,
     claim_next_run,
@@ -68,6 +69,7 @@ from storage.queries.targets import (
 
 __all__ = [
     "ACTIVE_STATES",
+    "FINAL_STATES",
     "RUN_STATES",
     "active_run_of_schedule",
     "add_latency_columns",

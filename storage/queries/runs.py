@@ -17,8 +17,9 @@ from storage.db import session_factory, transaction
 from storage.schemas import RunRow
 from storage.tables import ProbeRun
 
-RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 ACTIVE_STATES = ("queued", "running")
+FINAL_STATES = ("done", "failed", "cancelled", "interrupted", "timed_out")
+RUN_STATES = (*ACTIVE_STATES, *FINAL_STATES)
 
 
 def _run_row(run: ProbeRun) -> RunRow:
@@ -105,14 +106,19 @@ def fail_unknown_runs(store: Engine, kinds: Sequence[str]) -> int:
         return len(runs)
 
 
-def update_run(store: Engine, run_id: int, **values: Any) -> None:
-    """Write progress, summary or a final status of a run."""
+def update_run(store: Engine, run_id: int, *, only_running: bool = False, **values: Any) -> bool:
+    """Write progress, summary or a final status of a run; with `only_running`, only while
+    it still runs (a run the worker already gave up on keeps that verdict). True if written."""
     if "status" in values and values["status"] not in RUN_STATES:
         raise InvalidInput(f"unknown run status {values['status']!r}")
-    if values.get("status") in ("done", "failed", "cancelled", "interrupted"):
+    if values.get("status") in FINAL_STATES:
         values.setdefault("finished_at", time.time())
+    where = [ProbeRun.id == run_id]
+    if only_running:
+        where.append(ProbeRun.status == "running")
     with transaction(store) as s:
-        s.execute(update(ProbeRun).where(ProbeRun.id == run_id).values(**values))
+        done = s.execute(update(ProbeRun).where(*where).values(**values))
+        return bool(done.rowcount)  # type: ignore[attr-defined]
 
 
 def cancel_run(store: Engine, run_id: int) -> None:

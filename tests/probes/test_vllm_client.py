@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -24,12 +25,27 @@ ROOT = Path(__file__).resolve().parents[2]
 def _client(
     handler: httpx.MockTransport, url: str = "http://e", token: str | None = None
 ) -> VllmClient:
-    return VllmClient(Target(url, token), httpx.Client(transport=handler))
+    return VllmClient(Target(url, token), handler)
+
+
+class _Body(httpx.AsyncByteStream):
+    """A body streamed as a server sends it (an in-memory `content=` is read at once)."""
+
+    def __init__(self, data: bytes, chunk: int = 65536) -> None:
+        self.data, self.chunk = data, chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i in range(0, len(self.data), self.chunk):
+            yield self.data[i : i + self.chunk]
+
+
+def _response(status: int, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.Response(status, headers=headers, stream=_Body(body))
 
 
 def _answer(status: int = 200, body: str = GOOD, ctype: str = "text/plain") -> httpx.MockTransport:
     return httpx.MockTransport(
-        lambda req: httpx.Response(status, text=body, headers={"Content-Type": ctype})
+        lambda req: _response(status, body.encode(), {"Content-Type": ctype})
     )
 
 
@@ -38,7 +54,7 @@ def test_good_scrape_and_metrics_url_is_appended() -> None:
 
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append(str(req.url))
-        return httpx.Response(200, text=GOOD)
+        return _response(200, GOOD.encode())
 
     parsed = _client(httpx.MockTransport(handler), "http://engine:8000/").scrape()
     assert seen == ["http://engine:8000/metrics"]
@@ -85,7 +101,7 @@ def test_timeout_and_connection_refused() -> None:
 
 
 def test_a_body_over_the_limit_is_refused_without_keeping_it() -> None:
-    big = httpx.MockTransport(lambda req: httpx.Response(200, content=b"x" * (2 << 20)))
+    big = httpx.MockTransport(lambda req: _response(200, b"x" * (2 << 20)))
     with pytest.raises(TargetError, match="sent more than 1 MiB"):
         _client(big).metrics_text(limit=1 << 20)
 
@@ -95,11 +111,11 @@ def test_bearer_token_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPa
 
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append(req.headers.get("Authorization"))
-        return httpx.Response(200, text=GOOD)
+        return _response(200, GOOD.encode())
 
     monkeypatch.setenv("MY_VLLM_TOKEN", "s3cret")
     target = Target.resolve("http://e", "MY_VLLM_TOKEN")
-    VllmClient(target, httpx.Client(transport=httpx.MockTransport(handler))).scrape()
+    VllmClient(target, httpx.MockTransport(handler)).scrape()
     assert seen == ["Bearer s3cret"]
     assert "s3cret" not in repr(target)  # never printed
     with pytest.raises(TargetError, match=r"\$NOPE_TOKEN, but that variable is not set"):

@@ -14,6 +14,7 @@ from planner.errors import InvalidInput
 from probes.worker import Worker
 from storage import derived as d
 from storage import queries as q
+from storage.schemas import ScrapeLimits
 from storage.settings import Settings
 from tests.support.fake_vllm import FakeVllm, serve
 
@@ -102,12 +103,14 @@ def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -
 
 
 def test_slow_endpoint_times_out_with_a_clear_message(settings: Settings) -> None:
-    w = Worker(settings.model_copy(update={"scrape_timeout_s": 0.3}))
+    w = Worker(settings.model_copy(update={"scrape": ScrapeLimits(timeout_s=0.3)}))
     fake = FakeVllm(delay_s=1.0)
     with serve(fake) as url:
         tid = _add(w, "slow", url)
         w.scrape_target(tid)
-    assert "did not answer within 0.3 s" in (q.get_target(w.store, "slow").health_message or "")
+    assert "did not answer in full within 0.3 s" in (
+        q.get_target(w.store, "slow").health_message or ""
+    )
 
 
 def test_work_rows_are_carried_out_and_failures_are_data(worker: Worker) -> None:
@@ -201,7 +204,6 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
             "heartbeat",
             "engines",
             "alerts",
-            "scrape:1",
         }
         assert all(j.args[0] == second.key for j in jobs)
         # Two workers in one process (tests do this) never run each other's jobs.
