@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     gpu_interval_s: float = Field(5.0, ge=0.5, le=300.0)
     rollup_interval_s: float = Field(60.0, ge=5.0)
     work_poll_s: float = Field(1.0, gt=0, le=30.0)
+    # One worker per store: it renews its lease every 5 s; another may take over once the
+    # lease has not been renewed for this long (at once, if the holder died on this host).
+    worker_lease_s: float = Field(15.0, ge=6.0, le=600.0)
     alert_interval_s: float = Field(15.0, ge=1.0, le=600.0)
     retention: Retention = Field(default_factory=Retention)
     console_host: str = "127.0.0.1"

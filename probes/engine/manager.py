@@ -113,8 +113,8 @@ class EngineManager:
 
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
         """Block until the engine is healthy, or fail with the log's last lines."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             with self._lock:
                 if self.state.status == "running":
                     return
@@ -170,6 +170,12 @@ class EngineManager:
         """
         left = self.process.claim_left_over()
         if left is None:
+            if self.process.refused:
+                self._event(
+                    "engine_not_adopted",
+                    f"engine {self.spec.name}: {self.process.refused}",
+                    severity="warning",
+                )
             return False
         if desired == "running" and left.runs(self.spec):
             self.state = EngineState(
@@ -236,7 +242,10 @@ class EngineManager:
     def _crashed(self, why: str) -> None:
         self._reap()
         code = self.state.last_exit_code
-        self.process.kill()
+        try:
+            self.process.kill()
+        except EngineError as err:  # stuck in the kernel: say so; the restart will find out
+            self._event("engine_stuck", f"engine {self.spec.name}: {err}", severity="error")
         self.logs.stop()  # every writer is gone: read the log to its end first
         tail = self.logs.last_lines(30)
         verdict = self.policy.record_crash(time.time())

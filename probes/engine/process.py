@@ -17,9 +17,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner.errors import EngineError
 from probes.engine.spec import EngineSpec, engine_tmp_dir
 
 STOP_TIMEOUT_S = 30.0
+KILL_TIMEOUT_S = 10.0  # after SIGKILL; a process stuck in the kernel may outlast it
+
+
+def identity(pid: int) -> tuple[str, int, str] | None:
+    """(boot id, start time in clock ticks, command line) of a live process, or None.
+
+    A pid is reused once its process is gone; with the boot and the start time it names one
+    process for good, so a signal never reaches a stranger that got the number.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    # Field 22 of stat (the 20th after the command) is the start time since boot.
+    return boot, int(fields[19]), cmdline.replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -76,6 +97,7 @@ class EngineProcess:
         self.pid_path = run_dir / "engine.pid"
         self.proc: subprocess.Popen[bytes] | None = None  # None for an adopted group
         self.pgid: int | None = None
+        self.refused: str | None = None  # why a left-over group was not taken over
 
     def launch(self, spec: EngineSpec) -> Launched:
         """Start `spec` in a new session, output appended to the log; write the pid file."""
@@ -103,6 +125,8 @@ class EngineProcess:
             )
         self.pgid = self.proc.pid
         now = time.time()
+        # Popen returns after the exec: the identity read now is the engine's own.
+        ident = identity(self.proc.pid)
         self.pid_path.write_text(
             json.dumps(
                 {
@@ -111,13 +135,17 @@ class EngineProcess:
                     "started_at": now,
                     "spec_hash": spec_hash(spec),
                     "argv": argv,
+                    "identity": list(ident) if ident else None,
                 }
             )
         )
         return Launched(self.proc.pid, argv, now, offset)
 
     def claim_left_over(self) -> LeftOver | None:
-        """Take over the group the pid file names if it still runs; remove a stale pid file."""
+        """Take over the group the pid file names if it still runs and is the very process
+        that was launched (same boot, start time and command line); otherwise remove the pid
+        file and say why in `refused` (a reused pid is never signalled)."""
+        self.refused = None
         if not self.pid_path.exists():
             return None
         try:
@@ -128,6 +156,23 @@ class EngineProcess:
             return None
         if not group_pids(pgid):
             self.pid_path.unlink(missing_ok=True)
+            return None
+        recorded, now = info.get("identity"), identity(pgid)
+        # Boot and start time name the process; the command line must still hold what was
+        # launched from "serve" on (an interpreter a shebang adds in front may differ).
+        argv = [str(a) for a in info.get("argv") or []]
+        tail = " ".join(argv[argv.index("serve") :]) if "serve" in argv else " ".join(argv)
+        if (
+            recorded is None
+            or now is None
+            or list(now[:2]) != list(recorded[:2])
+            or tail not in now[2]
+        ):
+            self.pid_path.unlink(missing_ok=True)
+            self.refused = (
+                f"the pid file names process {pgid}, which is not the engine it recorded "
+                "(another start time or command line): left alone, not adopted or stopped"
+            )
             return None
         self.pgid = pgid
         return LeftOver(pgid, info.get("started_at"), info.get("spec_hash"))
@@ -159,8 +204,8 @@ class EngineProcess:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        deadline = time.time() + timeout
-        while group_pids(pgid) and time.time() < deadline:
+        deadline = time.monotonic() + timeout
+        while group_pids(pgid) and time.monotonic() < deadline:
             self.exit_code()
             time.sleep(0.2)
         if not group_pids(pgid):
@@ -168,16 +213,23 @@ class EngineProcess:
         self.kill()
         return True
 
-    def kill(self) -> None:
-        """SIGKILL the whole group and wait until none of it is left (orphans hold the port)."""
+    def kill(self, timeout: float = KILL_TIMEOUT_S) -> None:
+        """SIGKILL the whole group and wait (at most `timeout`) until none of it is left:
+        orphans would hold the port. One that outlasts it is stuck in the kernel."""
         pgid = self.pgid
         if pgid is None or not group_pids(pgid):
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        while group_pids(pgid):
+        deadline = time.monotonic() + timeout
+        while group_pids(pgid) and time.monotonic() < deadline:
             self.exit_code()
             time.sleep(0.1)
+        if group_pids(pgid):
+            raise EngineError(
+                f"process group {pgid} survived SIGKILL for {timeout:.0f} s (stuck in the "
+                "kernel?); its port may stay taken until it goes"
+            )
 
     def forget(self) -> None:
         """Drop the handles and the pid file: the group is gone."""

@@ -41,6 +41,8 @@ class JobHost(Protocol):
 
     def publish_heartbeat(self) -> None: ...
 
+    def renew_lease(self) -> None: ...
+
     def publish_gpus(self) -> None: ...
 
     def supervise_engines(self) -> None: ...
@@ -83,7 +85,8 @@ def gpu_job(key: str) -> None:
 
 
 def heartbeat_job(key: str) -> None:
-    """Tell the console this worker is alive (APScheduler job)."""
+    """Keep the worker lease and tell the console this worker is alive (APScheduler job)."""
+    _on_host(key, "lease", lambda h: h.renew_lease())
     _on_host(key, "heartbeat", lambda h: h.publish_heartbeat())
 
 

@@ -7,6 +7,7 @@ heartbeat and the demo load. Every failure ends up in the store as data.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 from sqlalchemy import Engine
@@ -31,6 +33,17 @@ from storage.db import open_store
 from storage.settings import Settings
 
 log = logging.getLogger("kvscope.worker")
+LEASE = "worker"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Worker:
@@ -63,7 +76,9 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Recover from a previous process, schedule the jobs, start the scheduler."""
+        """Take the store's worker lease, recover from a previous process, schedule the jobs,
+        start the scheduler. Refused, with who holds it, when another worker runs."""
+        self._take_lease()
         q.ensure_rules(self.store, [r.model_dump() for r in DEFAULT_RULES])
         self.work.recover()
         self.jobs.start(self)
@@ -112,6 +127,8 @@ class Worker:
         )
         self.gpus.close()
         self.jobs.unregister()
+        with contextlib.suppress(KvscopeError):
+            q.release_lease(self.store, LEASE, self.key)
 
     def _start_demo_load(self) -> None:
         """Light load on the embedded engine, sent only while it runs."""
@@ -143,6 +160,38 @@ class Worker:
     def publish_gpus(self) -> None:
         """Write the GPU readings (or why there are none)."""
         q.put_state(self.store, "gpu", self.gpus.state())
+
+    def _take_lease(self) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        held = q.get_lease(self.store, LEASE)
+        # A holder on this host whose process is gone is dead: no need to wait for expiry.
+        dead = held.holder if held and held.host == host and not _alive(held.pid) else None
+        lease = q.acquire_lease(
+            self.store, LEASE, self.key, pid, host, self.settings.worker_lease_s, take_from=dead
+        )
+        if lease.holder != self.key:
+            since = datetime.fromtimestamp(lease.acquired_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            left = max(0.0, lease.expires_at - time.time())
+            raise KvscopeError(
+                f"worker lease held by pid {lease.pid} on {lease.host} since {since} UTC: "
+                f"another worker runs on this store (its lease expires {left:.0f} s after its "
+                "last renewal, if it stops renewing it)"
+            )
+
+    def renew_lease(self) -> None:
+        """Keep the lease; a worker that lost it stops, so two never act on one store."""
+        if q.renew_lease(self.store, LEASE, self.key, self.settings.worker_lease_s):
+            return
+        log.error("the worker lease was taken over by another worker; stopping")
+        with contextlib.suppress(KvscopeError):
+            q.record_event(
+                self.store,
+                "worker_lease_lost",
+                f"worker pid {os.getpid()} lost its lease (it could not renew it in time) and "
+                "stopped, leaving the store to the worker that took it",
+                severity="error",
+            )
+        self._stop.set()
 
     def publish_heartbeat(self) -> None:
         """Write the worker's liveness and identity."""

@@ -5,7 +5,8 @@ targets (engines scraped, their health)   events (what happened)   series (store
 raw or rolled up)   runs (the work queue)   state (facts the worker publishes)
 engines (managed engine specs)   schedules (probe schedules, workload profiles)
 records (requests probes sent, with their latencies)   alerts (SLOs, alert rules, alerts)
-costs (cost frames). Every query is re-exported here: `from storage import queries as q`.
+costs (cost frames)   leases (which process is the worker). Every query is re-exported
+here: `from storage import queries as q`.
 """
 
 from storage.queries.alerts import (
@@ -30,6 +31,7 @@ from storage.queries.engines import (
     set_desired_state,
 )
 from storage.queries.events import events, record_event
+from storage.queries.leases import LeaseRow, acquire_lease, get_lease, release_lease, renew_lease
 from storage.queries.records import add_latency_columns, run_records, target_records
 from storage.queries.runs import (
     ACTIVE_STATES,
@@ -71,6 +73,8 @@ __all__ = [
     "ACTIVE_STATES",
     "FINAL_STATES",
     "RUN_STATES",
+    "LeaseRow",
+    "acquire_lease",
     "active_run_of_schedule",
     "add_latency_columns",
     "add_schedule",
@@ -86,6 +90,7 @@ __all__ = [
     "find_target_by_url",
     "fire_alert",
     "get_engine_spec",
+    "get_lease",
     "get_run",
     "get_state",
     "get_target",
@@ -100,10 +105,12 @@ __all__ = [
     "parse_target",
     "put_state",
     "record_event",
+    "release_lease",
     "remove_rule",
     "remove_schedule",
     "remove_slo",
     "remove_target",
+    "renew_lease",
     "request_run",
     "resolve_alert",
     "run_records",

@@ -181,3 +181,36 @@ def test_kill_9_of_the_main_process(
     _wait(lambda: _polled(m, "running") == "crashed")
     crash = q.events(store, 0, time.time() + 1, kinds=["engine_crashed"])[0]
     assert crash.data["exit_code"] == -signal.SIGKILL and group_pids(pid) == []
+
+
+def test_a_pid_file_naming_another_process_is_never_signalled(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    import json
+    import subprocess
+
+    # A stranger that got the pid number (here: any other process in its own group).
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        m = _manager(store, settings, _spec(tmp_path), managers)
+        m.process.run_dir.mkdir(parents=True, exist_ok=True)
+        m.process.pid_path.write_text(
+            json.dumps(
+                {
+                    "pid": stranger.pid,
+                    "pgid": stranger.pid,
+                    "started_at": time.time(),
+                    "spec_hash": "x",
+                    "argv": ["python", "entry.py", "serve", "model"],
+                    "identity": ["another-boot", 1, "python entry.py serve model"],
+                }
+            )
+        )
+        assert m.adopt_or_clean("stopped") is False  # "stopped" would stop an adopted one
+        assert stranger.poll() is None  # alive: no signal reached it
+        assert not m.process.pid_path.exists()
+        kinds = [e.kind for e in q.events(store, 0, time.time() + 1)]
+        assert "engine_not_adopted" in kinds
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.errors import InvalidInput
+from planner.errors import InvalidInput, KvscopeError
 from probes.worker import Worker
 from storage import derived as d
 from storage import queries as q
@@ -193,6 +194,7 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
     q.add_target(first.store, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:9"}))
     first.start()
     first.scheduler.shutdown(wait=False)  # the process died: its jobs stay in the job store
+    _expire_lease(first)  # ... and its lease ran out, as a dead worker's does
     second = Worker(settings)
     second.start()
     try:
@@ -233,3 +235,39 @@ def test_probe_schedules_become_jobs_that_queue_one_run_at_a_time(settings: Sett
         assert w.scheduler.get_job(f"schedule:{sched.id}") is None
     finally:
         w.stop()
+
+
+def _expire_lease(w: Worker) -> None:
+    from sqlalchemy import update
+
+    from storage.db import transaction
+    from storage.tables import WorkerLease
+
+    with transaction(w.store) as s:
+        s.execute(update(WorkerLease).values(expires_at=time.time() - 1))
+
+
+def test_one_worker_per_store_and_the_next_takes_over_when_the_lease_ends(
+    settings: Settings,
+) -> None:
+    first = Worker(settings)
+    first.start()
+    try:
+        second = Worker(settings)
+        with pytest.raises(KvscopeError, match=f"worker lease held by pid {os.getpid()} on "):
+            second.start()
+        assert not second.scheduler.running  # refused before it did anything
+    finally:
+        first.stop()  # a clean stop gives the lease back
+    third = Worker(settings)
+    third.start()
+    third.stop()
+    # A holder on another host is waited for until its lease expires.
+    q.acquire_lease(third.store, "worker", "elsewhere", 4242, "other-host", ttl_s=1.5)
+    fourth = Worker(settings)
+    with pytest.raises(KvscopeError, match="held by pid 4242 on other-host"):
+        fourth.start()
+    time.sleep(1.6)
+    fourth.start()
+    assert q.get_lease(fourth.store, "worker").holder == fourth.key  # type: ignore[union-attr]
+    fourth.stop()
