@@ -1,6 +1,8 @@
 """Following an engine's log file: a thread reads what the engine appends, turns each line
 into facts through `LogParser`, and rotates the file when it grows (copy, then truncate:
-safe while the engine writes with O_APPEND). `tail_file` reads a log's last lines.
+safe while the engine writes with O_APPEND). A failure (a full disk during rotation, a
+fact that cannot be recorded) is handed to `on_error` and the follow goes on: the thread
+never dies silently. `tail_file` reads a log's last lines.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from probes.vllm.logparse import LogFact, LogParser
 
 LOG_MAX_BYTES = 10 * 1024 * 1024
 LOG_BACKUPS = 3
+READ_BYTES = 1 << 20  # per read: a burst of output is taken a megabyte at a time
+ROTATE_RETRY_S = 60.0
 
 
 class LogFollower:
@@ -28,11 +33,13 @@ class LogFollower:
         path: Path,
         on_fact: Callable[[LogFact], None],
         name: str = "engine-log",
+        on_error: Callable[[str], None] = lambda message: None,
         max_bytes: int = LOG_MAX_BYTES,
         backups: int = LOG_BACKUPS,
     ) -> None:
         self.path = path
         self.on_fact = on_fact
+        self.on_error = on_error
         self.name = name
         self.max_bytes = max_bytes
         self.backups = backups
@@ -67,6 +74,8 @@ class LogFollower:
 
     def _follow(self, offset: int, stop: threading.Event) -> None:
         buf = b""
+        rotate_after = 0.0  # monotonic: after a failed rotation, when to try again
+        last_error = ""
         while True:
             stopping = stop.is_set()  # checked before the read, so a stop drains the file
             try:
@@ -75,22 +84,37 @@ class LogFollower:
                     offset = 0
                 with open(self.path, "rb") as f:
                     f.seek(offset)
-                    chunk = f.read()
+                    chunk = f.read(READ_BYTES)
                 offset += len(chunk)
             except OSError:
-                chunk = b""
+                chunk = b""  # not there yet, or gone for a moment: read again soon
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for raw in lines:
                 for fact in self.parser.feed(raw.decode("utf-8", "replace")):
-                    self.on_fact(fact)
-            if offset > self.max_bytes:
-                rotate(self.path, self.backups)
-                offset = 0
+                    try:
+                        self.on_fact(fact)
+                    except Exception as err:  # a fact not recorded must not end the follow
+                        last_error = self._report(err, last_error)
+            if offset > self.max_bytes and time.monotonic() >= rotate_after:
+                try:
+                    rotate(self.path, self.backups)
+                    offset = 0
+                except OSError as err:  # a full disk, say: try again in a while
+                    last_error = self._report(err, last_error)
+                    rotate_after = time.monotonic() + ROTATE_RETRY_S
             if stopping and not chunk:
                 return
             if not chunk:
                 stop.wait(0.25)
+
+
+    def _report(self, err: Exception, last: str) -> str:
+        """Hand a failure on once (not once a pass); return it as the last one seen."""
+        message = f"log follower of {self.path}: {type(err).__name__}: {err}"
+        if message != last:
+            self.on_error(message)
+        return message
 
 
 def rotate(path: Path, backups: int = LOG_BACKUPS) -> None:

@@ -65,7 +65,12 @@ class EngineManager:
         self.transport = transport
         self.process = EngineProcess(data_dir / "engines" / spec.name)
         self.logs = LogFollower(
-            self.process.log_path, self._record_fact, name=f"engine-log-{spec.name}"
+            self.process.log_path,
+            self._record_fact,
+            name=f"engine-log-{spec.name}",
+            on_error=lambda message: self._event(
+                "engine_log_error", f"engine {self.spec.name}: {message}", severity="warning"
+            ),
         )
         self.policy = CrashPolicy()
         self.state = EngineState(spec.name)

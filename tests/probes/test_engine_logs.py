@@ -6,6 +6,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+import probes.engine.logs as logs
 from probes.engine.logs import LogFollower, tail_file
 from probes.vllm.logparse import LogFact
 
@@ -58,3 +61,36 @@ def test_from_the_end_by_default_and_rotates_when_large(tmp_path: Path) -> None:
 
 def test_tail_file_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert tail_file(tmp_path / "none.log") == []
+
+
+def test_a_failing_rotation_or_fact_is_reported_and_the_follow_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("")
+    facts: list[LogFact] = []
+    errors: list[str] = []
+
+    def record(fact: LogFact) -> None:
+        if fact.values.get("tokens") == 1.0:
+            raise RuntimeError("the store is locked")  # a fact that cannot be recorded
+        facts.append(fact)
+
+    def no_room(path: Path, backups: int = 3) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(logs, "rotate", no_room)  # the disk is full for this test
+    follower = LogFollower(log, record, on_error=errors.append, max_bytes=200)
+    follower.start(0)
+    try:
+        with open(log, "a") as f:
+            f.write("INFO CPU KV cache size: 1 tokens\n" + "x" * 300 + "\n")
+        _wait(lambda: len(errors) >= 2)
+        with open(log, "a") as f:
+            f.write(CAPACITY)  # still followed after both failures
+        _wait(lambda: len(facts) == 1)
+    finally:
+        follower.stop()
+    assert "the store is locked" in errors[0] and "No space left on device" in errors[1]
+    assert len(errors) == 2  # each failure once, not once a pass
+    assert facts[0].values["tokens"] == 16384.0
