@@ -17,15 +17,14 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from planner.stats import histogram_quantiles
-from storage.ingest import HEARTBEAT_S
+from storage.ingest import STALE_S
 from storage.names import METRICS, QUANTILES, Kind
 from storage.queries.series import series_points
 
 RAW_MAX_WINDOW_S = 6 * 3600
 MINUTE_MAX_WINDOW_S = 2 * 86400
 MAX_POINTS = 720
-# A carried-forward raw value older than this is a gap (target down), not a value.
-STALE_RAW_S = 2.5 * HEARTBEAT_S
+STALE_RAW_S = STALE_S
 
 
 def choose_resolution(window_s: float) -> int:
@@ -83,7 +82,13 @@ class _Series:
 
 
 def _load(
-    store: Engine, target_id: int, name: str, grid: Grid, lookback: float, cumulative: bool
+    store: Engine,
+    target_id: int,
+    name: str,
+    grid: Grid,
+    lookback: float,
+    cumulative: bool,
+    stat: str = "avg",
 ) -> list[_Series]:
     """The stored points of every label set of one series name, reset-corrected if cumulative."""
     res = grid.resolution
@@ -96,7 +101,14 @@ def _load(
             ts, v = g["ts"].to_numpy(float), g["value"].to_numpy(float)
         else:  # a rollup holds the state at the end of its bucket
             ts = g["ts"].to_numpy(float) + res
-            v = g["last" if cumulative else "avg"].to_numpy(float)
+            if cumulative and g["increase"].notna().all():
+                # The increases already count a reset inside a bucket; lasts alone would not.
+                # The running total is 0 at the first bucket's start, so its increase counts.
+                total = np.concatenate([[0.0], np.cumsum(g["increase"].to_numpy(float))])
+                starts = np.concatenate([[ts[0] - res], ts])
+                out.append(_Series(str(lk), starts, total))
+                continue
+            v = g["last" if cumulative else stat].to_numpy(float)
         if cumulative and len(v) > 1:
             drops = np.diff(v) < 0
             v = v + np.concatenate([[0.0], np.cumsum(np.where(drops, v[:-1], 0.0))])
@@ -155,17 +167,37 @@ def _combine(stack: list[np.ndarray], how: str) -> np.ndarray:
 # --- derivations ---------------------------------------------------------------------------
 
 
-def gauge(store: Engine, target_id: int, metric: str, grid: Grid) -> pd.Series:
-    """A gauge on the grid, label sets combined (KV usage averaged, queues summed)."""
+def gauge(store: Engine, target_id: int, metric: str, grid: Grid, stat: str = "avg") -> pd.Series:
+    """A gauge on the grid, label sets combined (KV usage averaged, queues summed).
+
+    Read from rollups, `stat` picks the bucket's time-weighted "avg" or its "max" (the peak
+    an average would hide); from raw samples both are the value.
+    """
     m = METRICS[metric]
     if m.kind is not Kind.GAUGE:
         raise ValueError(f"{metric} is not a gauge")
     times = grid.points
-    loaded = _load(store, target_id, metric, grid, 0.0, cumulative=False)
+    peak = stat == "max" and grid.resolution > 0
+    loaded = _load(store, target_id, metric, grid, grid.step if peak else 0.0, False, stat)
     if not loaded:
         return pd.Series(np.full(len(times), np.nan), index=times, name=metric)
-    vals = _combine([_at(s, times, grid.stale_s) for s in loaded], m.combine)
+    if peak:
+        picked = [_peak(s, times, grid.stale_s, grid.step) for s in loaded]
+    else:
+        picked = [_at(s, times, grid.stale_s) for s in loaded]
+    vals = _combine(picked, m.combine)
     return pd.Series(vals, index=times, name=metric)
+
+
+def _peak(series: _Series, times: np.ndarray, stale: float, step: float) -> np.ndarray:
+    """The highest value of the buckets ending in (t - step, t] at each time: a grid coarser
+    than the buckets must not step over a spike. Where none ends there, the carried value."""
+    out = _at(series, times, stale)
+    lo = np.searchsorted(series.ts, times - step, side="right")
+    hi = np.searchsorted(series.ts, times, side="right")
+    for i in np.nonzero(hi > lo)[0]:
+        out[i] = series.values[lo[i] : hi[i]].max()
+    return out
 
 
 def rate_window(grid: Grid) -> float:

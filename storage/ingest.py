@@ -23,6 +23,9 @@ from storage.db import transaction
 from storage.tables import Sample, Series
 
 HEARTBEAT_S = 30.0
+# A stored value holds until the next one, but no longer than this: an older one means the
+# target stopped answering (a gap), not a value. Readers and rollups both use it.
+STALE_S = 2.5 * HEARTBEAT_S
 
 
 class PointLike(Protocol):

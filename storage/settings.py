@@ -15,11 +15,17 @@ from storage.schemas import ProbeLimits, ScrapeLimits
 
 
 class Retention(BaseModel):
-    """How long each resolution is kept."""
+    """How long each kind of data is kept (a raw sample also until it is rolled up)."""
 
     raw_hours: float = Field(48.0, gt=0, description="raw samples")
     minute_days: float = Field(30.0, gt=0, description="1-minute rollups")
     hour_days: float = Field(365.0, gt=0, description="1-hour rollups")
+    events_days: float = Field(90.0, gt=0, description="events")
+    runs_days: float = Field(180.0, gt=0, description="finished probe runs, with their records")
+    records_days: float = Field(30.0, gt=0, description="a run's per-request records")
+    alerts_days: float = Field(180.0, gt=0, description="resolved alerts")
+    # Ingest pauses (with an event and an Overview warning) below this much free disk.
+    min_free_disk_mb: float = Field(512.0, ge=0, description="free disk under the store")
 
 
 class Settings(BaseSettings):

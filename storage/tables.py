@@ -113,7 +113,12 @@ class Rollup(Base):
     max: Mapped[float] = mapped_column(Float)
     avg: Mapped[float] = mapped_column(Float)
     last: Mapped[float] = mapped_column(Float)
-    count: Mapped[int] = mapped_column(Integer)
+    count: Mapped[int] = mapped_column(Integer)  # samples taken in the bucket
+    # Seconds of the bucket a value covered (each held until the next, at most the staleness
+    # bound): `avg` is weighted by it, and a coarser rollup weighs by it again.
+    covered_s: Mapped[float | None] = mapped_column(Float)
+    # A counter's reset-corrected increase within the bucket (None for other series).
+    increase: Mapped[float | None] = mapped_column(Float)
 
 
 class ProbeRun(Base):

@@ -58,24 +58,40 @@ def timeseries(
     y_title: str,
     percent: bool = False,
     secondary: Mapping[str, str] | None = None,
+    peaks: bool = True,
 ) -> go.Figure:
     """Lines for `columns` ({column: legend label}); `secondary` ones on a right axis.
 
-    Gauges are drawn as steps: a stored value holds until the next one.
+    Gauges are drawn as steps: a stored value holds until the next one. Where the frame has
+    a `<column>_max` (read from rollups), the band up to it is shaded: the peaks within
+    each bucket, which its average would hide.
     """
     fig = go.Figure()
     x = _times(frame.index)
     for i, (col, label) in enumerate(columns.items()):
         if col in frame:
+            color = PALETTE[i % len(PALETTE)]
             fig.add_trace(
                 go.Scatter(
                     x=x,
                     y=frame[col],
                     name=label,
                     mode="lines",
-                    line={"color": PALETTE[i % len(PALETTE)], "shape": "hv"},
+                    line={"color": color, "shape": "hv"},
                 )
             )
+            if peaks and f"{col}_max" in frame:
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=frame[f"{col}_max"],
+                        name=f"{label} (peak)",
+                        mode="lines",
+                        fill="tonexty",
+                        opacity=0.3,
+                        line={"color": color, "shape": "hv", "width": 0.5},
+                    )
+                )
     for j, (col, label) in enumerate((secondary or {}).items()):
         if col in frame:
             fig.add_trace(

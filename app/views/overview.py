@@ -20,6 +20,8 @@ def _panel() -> None:
     status = common.worker_status(url)
     if not status.alive:
         st.warning(status.message, icon="⚠️")
+    if status.disk_warning:
+        st.error(status.disk_warning, icon="💾")
     if not rows:
         st.info(
             "No targets yet. Add a vLLM engine URL on the **Targets** page, "

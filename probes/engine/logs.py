@@ -108,7 +108,6 @@ class LogFollower:
             if not chunk:
                 stop.wait(0.25)
 
-
     def _report(self, err: Exception, last: str) -> str:
         """Hand a failure on once (not once a pass); return it as the last one seen."""
         message = f"log follower of {self.path}: {type(err).__name__}: {err}"

@@ -43,6 +43,8 @@ class JobHost(Protocol):
 
     def renew_lease(self) -> None: ...
 
+    def check_disk(self) -> None: ...
+
     def publish_gpus(self) -> None: ...
 
     def supervise_engines(self) -> None: ...
@@ -87,6 +89,7 @@ def gpu_job(key: str) -> None:
 def heartbeat_job(key: str) -> None:
     """Keep the worker lease and tell the console this worker is alive (APScheduler job)."""
     _on_host(key, "lease", lambda h: h.renew_lease())
+    _on_host(key, "disk", lambda h: h.check_disk())
     _on_host(key, "heartbeat", lambda h: h.publish_heartbeat())
 
 

@@ -73,6 +73,7 @@ class TargetScraper:
         self.settings = settings
         self.transport = transport
         self.writer = SampleWriter(store)
+        self.paused: str | None = None  # why ingest is paused (a nearly full disk), if it is
         self._states: dict[int, _TargetState] = {}
         self._lock = threading.Lock()
 
@@ -143,6 +144,8 @@ class TargetScraper:
                 )
 
     def _record(self, target: TargetRow, answer: Answer) -> None:
+        if self.paused is not None:
+            return  # nothing is written while the disk is nearly full
         st = self._state(target.id)
         limits = self.limits(target)
         error, parsed = answer.error, None

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 from sqlalchemy import Engine
@@ -192,6 +194,38 @@ class Worker:
                 severity="error",
             )
         self._stop.set()
+
+    def check_disk(self) -> None:
+        """Pause ingest while the store's disk is nearly full (an event and an Overview
+        warning say so), and resume once there is room again, a margin above the limit."""
+        folder = self.store_folder()
+        if folder is None:
+            return  # a database server: its disk is its operator's to watch
+        free_mb = shutil.disk_usage(folder).free / 2**20
+        limit = self.settings.retention.min_free_disk_mb
+        paused = self.scraper.paused is not None
+        if not paused and free_mb < limit:
+            message = (
+                f"ingest paused: {free_mb:.0f} MiB free on the disk holding {folder}, under "
+                f"the {limit:.0f} MiB kvscope keeps free (KVSCOPE_RETENTION__MIN_FREE_DISK_MB); "
+                "free space or shorten retention, and scraping stores again"
+            )
+            self.scraper.paused = message
+            q.record_event(self.store, "disk_low", message, severity="error")
+            q.put_state(self.store, "disk", {"paused": True, "message": message})
+        elif paused and free_mb >= limit * 1.2:
+            self.scraper.paused = None
+            q.record_event(
+                self.store, "disk_ok", f"ingest resumed: {free_mb:.0f} MiB free on {folder}"
+            )
+            q.put_state(self.store, "disk", {"paused": False, "message": ""})
+
+    def store_folder(self) -> Path | None:
+        """The folder of a SQLite store's file (None for a database server)."""
+        url = self.store.url
+        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+            return None
+        return Path(url.database).resolve().parent
 
     def publish_heartbeat(self) -> None:
         """Write the worker's liveness and identity."""

@@ -48,6 +48,8 @@ class WorkerStatus(BaseModel):
     gpu_available: bool
     gpu_message: str
     gpus: list[dict[str, Any]]
+    # Set while the worker has paused ingest for lack of disk: what to do about it.
+    disk_warning: str | None = None
 
 
 def _num(x: float) -> float | None:
@@ -94,6 +96,8 @@ def live(store: Engine, target_id: int, start: float, end: float) -> pd.DataFram
     frame = pd.DataFrame(index=pd.Index(grid.points, name="ts"))
     for m in ("kv_usage", "running", "waiting"):
         frame[m] = d.gauge(store, target_id, m, grid).to_numpy()
+        if grid.resolution:  # rollups: the peak of each bucket, which its average hides
+            frame[f"{m}_max"] = d.gauge(store, target_id, m, grid, stat="max").to_numpy()
     if target.num_gpu_blocks:
         # vLLM: usage = 1 - free / (num_blocks - 1); one block is the reserved null block.
         frame["free_blocks"] = (1.0 - frame["kv_usage"]) * (target.num_gpu_blocks - 1)
@@ -148,12 +152,14 @@ def worker_status(store: Engine, now: float | None = None) -> WorkerStatus:
             "start `kvscope worker` (or `kvscope up`)"
         )
     gv = gpu[0] if gpu else {}
+    disk = q.get_state(store, "disk")
     return WorkerStatus(
         alive=alive,
         message=message,
         gpu_available=bool(gv.get("available")),
         gpu_message=str(gv.get("message", "GPU state unknown (no worker)")),
         gpus=list(gv.get("gpus", [])),
+        disk_warning=str(disk[0]["message"]) if disk and disk[0].get("paused") else None,
     )
 
 

@@ -26,7 +26,7 @@ def series_points(
     """Stored points of a target's series in [start, end].
 
     Columns: series_id, metric, labels_key, ts, value (raw), or ts, min, max, avg, last,
-    count (rollups, `ts` = bucket start).
+    count, covered_s, increase (rollups, `ts` = bucket start).
     """
     names = list(names)
     if resolution == 0:
@@ -53,6 +53,8 @@ def series_points(
                 Rollup.avg,
                 Rollup.last,
                 Rollup.count,
+                Rollup.covered_s,
+                Rollup.increase,
             )
             .join(Series, Series.id == Rollup.series_id)
             .where(
@@ -69,7 +71,9 @@ def series_points(
         # than the query.
         rows = [tuple(r) for r in conn.execute(q)]
     cols = ["series_id", "metric", "labels_key", "ts"] + (
-        ["value"] if resolution == 0 else ["min", "max", "avg", "last", "count"]
+        ["value"]
+        if resolution == 0
+        else ["min", "max", "avg", "last", "count", "covered_s", "increase"]
     )
     return pd.DataFrame(rows, columns=cols)
 

@@ -271,3 +271,26 @@ def test_one_worker_per_store_and_the_next_takes_over_when_the_lease_ends(
     fourth.start()
     assert q.get_lease(fourth.store, "worker").holder == fourth.key  # type: ignore[union-attr]
     fourth.stop()
+
+
+def test_a_nearly_full_disk_pauses_ingest_and_says_so(settings: Settings) -> None:
+    from storage.dashboards import worker_status
+    from storage.settings import Retention
+
+    full = settings.model_copy(update={"retention": Retention(min_free_disk_mb=1e12)})
+    w = Worker(full)
+    fake = FakeVllm(kv_usage=0.5)
+    with serve(fake) as url:
+        tid = _add(w, "fake", url)
+        w.check_disk()
+        w.scrape_target(tid)
+        assert q.count_samples(w.store, tid) == 0  # nothing written while paused
+        status = worker_status(w.store)
+        assert status.disk_warning is not None and "ingest paused" in status.disk_warning
+        w.settings = settings  # room again
+        w.check_disk()
+        w.scrape_target(tid)
+        assert q.count_samples(w.store, tid) > 0
+    kinds = [e.kind for e in q.events(w.store, 0, time.time() + 1)]
+    assert kinds.count("disk_low") == 1 and kinds.count("disk_ok") == 1
+    assert worker_status(w.store).disk_warning is None

@@ -28,7 +28,8 @@ def test_minute_and_hour_rollups(store: Engine) -> None:
         w.write(tid, [Point("running", {}, float(i))], T0 + i)
     result = run_rollups(store, now=T0 + 3 * 3600)
     frame = q.series_points(store, tid, ["running"], 0, T0 + 9999, resolution=60)
-    assert frame["ts"].tolist() == [T0, T0 + 60]
+    # The last value (119 at T0+119) holds as readers carry it: 75 s, into two more minutes.
+    assert frame["ts"].tolist() == [T0, T0 + 60, T0 + 120, T0 + 180]
     first = frame.iloc[0]
     assert (first["min"], first["max"], first["avg"], first["last"], first["count"]) == (
         0.0,
@@ -37,19 +38,19 @@ def test_minute_and_hour_rollups(store: Engine) -> None:
         59.0,
         60,
     )
+    assert first["covered_s"] == 60.0
+    assert frame["covered_s"].tolist() == [60.0, 60.0, 60.0, 14.0]
+    assert frame["count"].tolist() == [60, 60, 0, 0]
     hour = q.series_points(store, tid, ["running"], 0, T0 + 9999, resolution=3600).iloc[0]
-    assert (hour["min"], hour["max"], hour["avg"], hour["last"], hour["count"]) == (
-        0.0,
-        119.0,
-        59.5,
-        119.0,
-        120,
-    )
+    held = (sum(range(120)) + 119 * 74) / 194  # every value for its second, 119 for 74 s more
+    assert (hour["min"], hour["max"], hour["last"], hour["count"]) == (0.0, 119.0, 119.0, 120)
+    assert hour["avg"] == pytest.approx(held)
     # Complete minutes only: the last one ends before now minus the lag.
     assert result.watermark == {60: T0 + 3 * 3600 - 60, 3600: T0 + 2 * 3600}
-    # A second pass adds nothing and changes nothing.
+    # A second pass (which rolls the last few buckets again) changes nothing.
     again = run_rollups(store, now=T0 + 3 * 3600)
-    assert sum(again.rows.values()) == 0
+    assert again.watermark == result.watermark
+    assert q.series_points(store, tid, ["running"], 0, T0 + 9999, resolution=60).equals(frame)
 
 
 def test_incomplete_buckets_wait(store: Engine) -> None:
@@ -72,7 +73,8 @@ def test_retention_drops_only_what_is_old(store: Engine) -> None:
     deleted = expire(store, Retention(raw_hours=48, minute_days=2, hour_days=365), now=now)
     assert deleted["samples"] == 1
     assert q.series_points(store, tid, ["running"], 0, now)["value"].tolist() == [2.0]
-    assert deleted["rollups_60"] == 1  # the minute 49 h ago is older than 2 days
+    # The minute 49 h ago and the next (its value held into it) are older than 2 days.
+    assert deleted["rollups_60"] == 2
     assert len(q.series_points(store, tid, ["running"], 0, now, resolution=3600)) == 2
 
 

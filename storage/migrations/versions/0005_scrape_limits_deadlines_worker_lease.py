@@ -1,4 +1,4 @@
-"""per-target scrape settings, work deadlines, the worker lease
+"""per-target scrape settings, work deadlines, the worker lease, time-weighted rollups
 
 Revision ID: 0005
 Revises: 0004
@@ -21,6 +21,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("scrape", sa.JSON(), nullable=False, server_default="{}"))
     with op.batch_alter_table("probe_runs") as batch:
         batch.add_column(sa.Column("deadline_at", sa.Float(), nullable=True))
+    with op.batch_alter_table("rollups") as batch:
+        batch.add_column(sa.Column("covered_s", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("increase", sa.Float(), nullable=True))
     op.create_table(
         "worker_leases",
         sa.Column("name", sa.String(length=50), nullable=False),
@@ -36,6 +39,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("worker_leases")
+    with op.batch_alter_table("rollups") as batch:
+        batch.drop_column("increase")
+        batch.drop_column("covered_s")
     with op.batch_alter_table("probe_runs") as batch:
         batch.drop_column("deadline_at")
     with op.batch_alter_table("targets") as batch:
