@@ -161,17 +161,23 @@ class SampleWriter:
                         "stored"
                     )
             by_key = {k: p for k, p in zip(keys, pts, strict=True)}
-            for key in new:
-                p = by_key[key]
-                row = Series(
-                    target_id=target_id,
-                    metric=p.series,
-                    labels_key=key[2],
-                    labels=dict(p.labels),
-                    raw_name=p.raw_name,
-                    kind=p.kind,
+            if new:
+                # One multi-row INSERT ... RETURNING: a first scrape creates hundreds of series.
+                rows = [
+                    {
+                        "target_id": target_id,
+                        "metric": by_key[key].series,
+                        "labels_key": key[2],
+                        "labels": dict(by_key[key].labels),
+                        "raw_name": by_key[key].raw_name,
+                        "kind": by_key[key].kind,
+                    }
+                    for key in new
+                ]
+                made = session.execute(
+                    insert(Series).returning(Series.id, Series.metric, Series.labels_key),
+                    rows,
                 )
-                session.add(row)
-                session.flush()
-                created[key] = row.id
+                for sid, metric, lk in made:
+                    created[(target_id, metric, lk)] = sid
         return [created[k] if k in created else self._ids[k] for k in keys]

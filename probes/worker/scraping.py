@@ -250,6 +250,8 @@ class ScrapeLoop:
         self._thread = threading.Thread(target=self._main, name="kvscope-scrapes", daemon=True)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._targets: dict[int, TargetRow] = {}
+        self._waiting: dict[int, tuple[TargetRow, Answer]] = {}  # the next answer to store
+        self._writing: set[int] = set()  # targets with a store write under way
         self._http: httpx.AsyncClient | None = None
         self._started = False
 
@@ -295,10 +297,7 @@ class ScrapeLoop:
             limits = self.scraper.limits(target)
             t0 = loop.time()
             answer = await self._fetch(target, limits)
-            try:
-                await loop.run_in_executor(self._pool, self.scraper.record, target, answer)
-            except RuntimeError:
-                return  # the pool was shut down: the worker is stopping
+            self._record(tid, target, answer)
             wait = self.scraper.backoff_s(tid, limits.interval_s)
             if wait > limits.interval_s:
                 next_at = t0 + wait
@@ -307,6 +306,26 @@ class ScrapeLoop:
                 if next_at <= loop.time():  # fell behind (a slow store): skip to the next slot
                     behind = loop.time() - next_at
                     next_at += (behind // limits.interval_s + 1) * limits.interval_s
+
+    def _record(self, tid: int, target: TargetRow, answer: Answer) -> None:
+        """Store an answer in the pool, in order per target, without holding up the next
+        scrape: a slow store delays the writes, never the schedule. While one write of a
+        target runs, only its newest answer waits (an older one waiting is dropped)."""
+        waiting = self._waiting.get(tid)
+        self._waiting[tid] = (target, answer)
+        if waiting is None and tid not in self._writing:
+            self._writing.add(tid)
+            self._loop.create_task(self._write(tid))
+
+    async def _write(self, tid: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while (item := self._waiting.pop(tid, None)) is not None:
+                await loop.run_in_executor(self._pool, self.scraper.record, *item)
+        except RuntimeError:
+            pass  # the pool was shut down: the worker is stopping
+        finally:
+            self._writing.discard(tid)
 
     async def _fetch(self, target: TargetRow, limits: ScrapeLimits) -> Answer:
         started, t0 = time.time(), time.monotonic()
