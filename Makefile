@@ -57,6 +57,7 @@ bench: install engine-env
 	$(BIN)/python -m benchmarks.engine
 	$(BIN)/python -m benchmarks.loadgen
 	$(BIN)/python -m benchmarks.alerts
+	$(BIN)/python -m benchmarks.worker
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .mypy_cache .ruff_cache .pytest_cache test-artifacts

@@ -14,8 +14,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from probes.engine.spec import build_tiny_model, embedded_spec
 from storage import queries as q
 from storage.db import open_store
 from storage.settings import Settings
+from tests.support.cli import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -75,19 +74,11 @@ def one_run(measure_s: float) -> dict[str, Any]:
     q.save_engine_spec(store, spec.name, spec.model_dump())
     q.set_desired_state(store, spec.name, "running")
     env = {
-        **os.environ,
-        "KVSCOPE_DATA_DIR": str(data),
         "KVSCOPE_SCRAPE_INTERVAL_S": "1",
         "KVSCOPE_EMBEDDED_PORT": str(settings.embedded_port),
         "KVSCOPE_DEMO_LOAD": "0",
     }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = spawn("worker", env_dir=data, environ=env)
     t0 = time.time()
     try:
         state: dict[str, object] = {}

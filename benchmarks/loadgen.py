@@ -38,7 +38,7 @@ from probes.load.workloads import FixedProfile, PromptBuilder
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 
 ROOT = Path(__file__).resolve().parents[1]
-# `--transport httpx` measures httpx's default stack, the reason probes/load/transport.py exists.
+# `--transport httpx` measures httpx's default stack, the reason probes/vllm/transport.py exists.
 CLIENTS: dict[str, Callable[[], httpx.AsyncClient]] = {
     "lean": new_client,
     "httpx": lambda: httpx.AsyncClient(

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from planner.stats import histogram_quantiles
 from storage.ingest import STALE_S
 from storage.names import METRICS, QUANTILES, Kind
-from storage.queries.series import series_points
+from storage.queries.series import series_arrays
 
 RAW_MAX_WINDOW_S = 6 * 3600
 MINUTE_MAX_WINDOW_S = 2 * 86400
@@ -92,27 +92,27 @@ def _load(
 ) -> list[_Series]:
     """The stored points of every label set of one series name, reset-corrected if cumulative."""
     res = grid.resolution
-    frame = series_points(
-        store, target_id, [name], grid.start - lookback - grid.stale_s, grid.end, res
+    loaded = series_arrays(
+        store, target_id, name, grid.start - lookback - grid.stale_s, grid.end, res
     )
     out = []
-    for (_, lk), g in frame.groupby(["series_id", "labels_key"], sort=False):
+    for lk, g in loaded:
         if res == 0:
-            ts, v = g["ts"].to_numpy(float), g["value"].to_numpy(float)
+            ts, v = g["ts"], g["value"]
         else:  # a rollup holds the state at the end of its bucket
-            ts = g["ts"].to_numpy(float) + res
-            if cumulative and g["increase"].notna().all():
+            ts = g["ts"] + res
+            if cumulative and not np.isnan(g["increase"]).any():
                 # The increases already count a reset inside a bucket; lasts alone would not.
                 # The running total is 0 at the first bucket's start, so its increase counts.
-                total = np.concatenate([[0.0], np.cumsum(g["increase"].to_numpy(float))])
+                total = np.concatenate([[0.0], np.cumsum(g["increase"])])
                 starts = np.concatenate([[ts[0] - res], ts])
-                out.append(_Series(str(lk), starts, total))
+                out.append(_Series(lk, starts, total))
                 continue
-            v = g["last" if cumulative else stat].to_numpy(float)
+            v = g["last" if cumulative else stat]
         if cumulative and len(v) > 1:
             drops = np.diff(v) < 0
             v = v + np.concatenate([[0.0], np.cumsum(np.where(drops, v[:-1], 0.0))])
-        out.append(_Series(str(lk), ts, v))
+        out.append(_Series(lk, ts, v))
     return out
 
 

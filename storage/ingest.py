@@ -19,7 +19,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from planner.errors import LimitExceeded
-from storage.db import transaction
 from storage.tables import Sample, Series
 
 HEARTBEAT_S = 30.0
@@ -54,6 +53,11 @@ class Point:
     kind: str = "gauge"
 
 
+def _labels_tuple(p: PointLike) -> tuple[tuple[str, str], ...]:
+    known: tuple[tuple[str, str], ...] | None = getattr(p, "labels_tuple", None)
+    return known if known is not None else tuple(sorted(p.labels.items()))
+
+
 def labels_key(labels: dict[str, Any]) -> str:
     """Canonical JSON of a label set."""
     return json.dumps(labels, sort_keys=True, separators=(",", ":"))
@@ -75,6 +79,7 @@ class SampleWriter:
         self.store = store
         self.heartbeat_s = heartbeat_s
         self._ids: dict[tuple[int, str, str], int] = {}
+        self._fast: dict[tuple[int, str, tuple[tuple[str, str], ...]], int] = {}
         self._raw: dict[int, str] = {}
         self._last: dict[int, tuple[float, float]] = {}
         self._insert = insert_ignoring_duplicates(store, Sample)
@@ -95,8 +100,13 @@ class SampleWriter:
         # Series created here exist only once the transaction commits: they join the cache
         # after it, so a failed write (a StorageError from the boundary) leaves no stale id.
         created: dict[tuple[int, str, str], int] = {}
-        with transaction(self.store) as session:
-            ids = self._resolve(session, target_id, pts, created, series_limit)
+        # Known series are found by their labels as a tuple: no JSON encoding per sample.
+        fast = [(target_id, p.series, _labels_tuple(p)) for p in pts]
+        with self.store.begin() as session:  # Core, not an ORM session: per scrape, it counts
+            if all(k in self._fast for k in fast):
+                ids = [self._fast[k] for k in fast]
+            else:
+                ids = self._resolve(session, target_id, pts, created, series_limit)
             new_ids = set(created.values())
             # A series created just now already carries its raw name.
             renamed = {
@@ -115,6 +125,7 @@ class SampleWriter:
             if rows:
                 session.execute(self._insert, rows)
         self._ids.update(created)
+        self._fast.update(zip(fast, ids, strict=True))
         self._raw.update(renamed)
         self._raw.update(
             {sid: p.raw_name for p, sid in zip(pts, ids, strict=True) if sid in new_ids}
@@ -130,6 +141,8 @@ class SampleWriter:
             sid = self._ids.pop(key)
             self._last.pop(sid, None)
             self._raw.pop(sid, None)
+        for fast in [k for k in self._fast if k[0] == target_id]:
+            del self._fast[fast]
 
     def _resolve(
         self,

@@ -59,7 +59,9 @@ class ScrapeLimits(BaseModel):
         16 * 1024 * 1024, ge=1024, description="bytes of the (decompressed) metrics page"
     )
     sample_limit: int = Field(20_000, ge=1, description="sample lines in one page")
-    label_limit: int = Field(30, ge=1, description="labels on one sample")
+    label_limit: int = Field(
+        100, ge=1, description="labels on one sample (vLLM 0.32's cache_config_info has 37)"
+    )
     label_value_length_limit: int = Field(2048, ge=16, description="characters of one label value")
     series_limit: int = Field(
         10_000,

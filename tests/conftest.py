@@ -1,7 +1,14 @@
-"""Shared fixtures: a real SQLite store in a temporary folder, settings pointing at it."""
+"""Shared fixtures: a real SQLite store in a temporary folder, settings pointing at it.
+
+`KVSCOPE_TEST_CPU_HOG=N` keeps N cores busy with spinning processes for the whole session
+(stopped by PID at its end), so the suite is run as CI's shared machine runs it.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +17,27 @@ from sqlalchemy import Engine
 
 from storage.db import open_store
 from storage.settings import Settings
+
+_HOGS: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    raw = os.environ.get("KVSCOPE_TEST_CPU_HOG", "0").strip() or "0"
+    if not raw.isdigit():
+        raise pytest.UsageError(f"KVSCOPE_TEST_CPU_HOG must be a number of cores, not {raw!r}")
+    for _ in range(int(raw)):
+        _HOGS.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for hog in _HOGS:
+        hog.kill()
+        hog.wait(timeout=10)
+    _HOGS.clear()
+
+
+def pytest_report_header() -> str | None:
+    return f"CPU hog: {len(_HOGS)} core(s) kept busy" if _HOGS else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError
@@ -23,6 +24,8 @@ from storage import queries as q
 from storage.schemas import TargetRow
 
 CRASH_EVENTS = ("engine_crashed", "engine_failed")
+# Rules judged on a target that is down; the others need its (absent) fresh series.
+ABOUT_THE_TARGET = (RuleKind.TARGET_DOWN, RuleKind.ENGINE_RESTARTING)
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,29 @@ def _slope_per_min(ts: np.ndarray, ys: np.ndarray) -> float | None:
     return None if line is None else line.slope * 60
 
 
+Quantiles = dict[tuple[int, str, d.Grid, float], pd.DataFrame]
+
+
 def evaluate(
-    store: Engine, rule: AlertRule, target: TargetRow, now: float, bound: float | None = None
+    store: Engine,
+    rule: AlertRule,
+    target: TargetRow,
+    now: float,
+    bound: float | None = None,
+    memo: Quantiles | None = None,
 ) -> Finding:
     """The rule's condition on one target at `now`. `bound` overrides the threshold of a
-    p99-over-SLO rule when an SLO applies to the target."""
+    p99-over-SLO rule when an SLO applies to the target. `memo` shares histogram quantiles
+    between the rules of one pass (the tail-ratio and p99-over-SLO rules read the same)."""
     tid, grid = target.id, _grid(now, rule.for_s, rule.window_s)
+    memo = {} if memo is None else memo
+
+    def quantiles(metric: str, grid: d.Grid, window_s: float) -> pd.DataFrame:
+        key = (tid, metric, grid, window_s)
+        if key not in memo:
+            memo[key] = d.quantiles(store, tid, metric, grid, window_s)
+        return memo[key]
+
     kind = rule.kind
     if kind in (RuleKind.KV_LEVEL, RuleKind.QUEUE_DEPTH):
         metric = "kv_usage" if kind is RuleKind.KV_LEVEL else "waiting"
@@ -76,7 +96,7 @@ def evaluate(
         return Finding(active, last, f"{last or 0:.3g} preemptions/s")
     if kind in (RuleKind.TAIL_RATIO, RuleKind.P99_OVER_SLO):
         assert rule.metric is not None
-        frame = d.quantiles(store, tid, rule.metric, grid, rule.window_s)
+        frame = quantiles(rule.metric, grid, rule.window_s)
         counts = frame["count"].to_numpy()
         if kind is RuleKind.TAIL_RATIO:
             vals = np.where(counts >= MIN_COUNT, frame["ratio"].to_numpy(), np.nan)
@@ -93,8 +113,8 @@ def evaluate(
         return _kv_slope(store, rule, tid, now)
     if kind is RuleKind.OUTPUT_TAIL:
         w = rule.window_s
-        cur = d.quantiles(store, tid, "output_len", d.point_grid(now, w), w).iloc[-1]
-        before = d.quantiles(store, tid, "output_len", d.point_grid(now - w, w), w).iloc[-1]
+        cur = quantiles("output_len", d.point_grid(now, w), w).iloc[-1]
+        before = quantiles("output_len", d.point_grid(now - w, w), w).iloc[-1]
         # Written so that NaN (no histogram in a window) fails it too.
         if not (cur["count"] >= MIN_COUNT and before["count"] >= MIN_COUNT and before["p99"] > 0):
             return Finding(False, None, "too few requests to compare output lengths")
@@ -175,6 +195,7 @@ class AlertEvaluator:
         global_bounds, target_bounds = _slo_bounds(self.store)
         firing = {(a.rule_id, a.target_id): a for a in q.alerts(self.store, state="firing")}
         out = Transition([], [])
+        memo: Quantiles = {}
         # A row that does not validate is skipped: the page refuses such edits, but the
         # store may hold one written by hand or by another version; the Alerts page shows it.
         for rule_id, rule in rules_from_rows(q.list_rules(self.store)).valid.items():
@@ -185,10 +206,19 @@ class AlertEvaluator:
             else:
                 scope = targets
             for target in scope:
+                if target.health == "down" and rule.kind not in ABOUT_THE_TARGET:
+                    # No fresh data to judge; the target-down rule speaks for it. An alert
+                    # that was firing resolves, as it would on the gap in its series.
+                    finding = Finding(False, None, f"not judged: {target.name} is down")
+                    if (open_alert := firing.pop((rule_id, target.id), None)) is not None:
+                        message = f"{rule.name} on {target.name}: {finding.detail}"
+                        q.resolve_alert(self.store, open_alert.id, f"resolved: {message}", now)
+                        out.resolved.append(message)
+                    continue
                 bound = None
                 if rule.kind is RuleKind.P99_OVER_SLO and rule.metric:
                     bound = target_bounds.get(target.id, global_bounds).get(rule.metric)
-                finding = evaluate(self.store, rule, target, now, bound)
+                finding = evaluate(self.store, rule, target, now, bound, memo)
                 message = f"{rule.name} on {target.name}: {finding.detail}"
                 open_alert = firing.pop((rule_id, target.id), None)
                 value = (

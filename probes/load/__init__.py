@@ -1,8 +1,8 @@
 """Load for the probes: the asyncio hot path.
 
 generator (open loop, every request at its scheduled time; closed loop, a fixed number in
-flight; per-request records and their summary), transport (a lean HTTP/1.1 transport for
-httpx, for thousands of requests a second on one core), workloads (profiles of prompt and
+flight; per-request records and their summary; requests go through the lean transport in
+`probes.vllm.transport`), workloads (profiles of prompt and
 answer lengths, and prompts built to an exact token count with the engine's tokenizer).
 May import `planner` and `probes.vllm`.
 """

@@ -39,8 +39,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, model_validator
 
 from planner.errors import InvalidInput, validation_message
-from probes.load.transport import LeanTransport
 from probes.vllm.client import Endpoint
+from probes.vllm.transport import LeanTransport
 
 Status = Literal["ok", "error", "cancelled"]
 StopReason = Literal["done", "max_requests", "max_duration", "cancelled"]

@@ -23,6 +23,7 @@ import httpx
 
 from planner.errors import NotPrometheusText, TargetAuthError, TargetError
 from probes.vllm.metrics import ParsedScrape, parse_metrics
+from probes.vllm.transport import LeanTransport
 from storage.schemas import ScrapeLimits, normalize_base_url
 
 METRICS = "/metrics"
@@ -181,10 +182,18 @@ def _models(resp: httpx.Response, url: str) -> list[str]:
     return [str(m["id"]) for m in items if isinstance(m, dict) and m.get("id")]
 
 
-def parse_page(text: str, url: str, limits: ScrapeLimits | None = None) -> ParsedScrape:
-    """Parse a metrics page within the limits; CPU work, so callers keep it off event loops."""
+def parse_page(
+    text: str,
+    url: str,
+    limits: ScrapeLimits | None = None,
+    cache: dict[str, list[Any]] | None = None,
+) -> ParsedScrape:
+    """Parse a metrics page within the limits; CPU work, so callers keep it off event loops.
+    `cache` (one per target) spares parsing the families unchanged since its last page."""
     limits = limits or ScrapeLimits()
-    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    # Lines that are neither comments nor blank: counted without splitting the page.
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    samples = lines - text.count("\n#") - text.startswith("#") - text.count("\n\n")
     if samples > limits.sample_limit:
         raise TargetError(
             f"{url} has {samples:,} samples, over the sample limit of {limits.sample_limit:,}; "
@@ -195,6 +204,7 @@ def parse_page(text: str, url: str, limits: ScrapeLimits | None = None) -> Parse
             text,
             label_limit=limits.label_limit,
             label_value_length_limit=limits.label_value_length_limit,
+            cache=cache,
         )
     except NotPrometheusText as err:
         raise NotPrometheusText(f"{url}: {err}") from err
@@ -386,7 +396,8 @@ class VllmClient:
 
     def _run(self, call: Callable[[AsyncVllmClient], Awaitable[T]]) -> T:
         async def go() -> T:
-            async with httpx.AsyncClient(transport=self.transport) as http:
+            transport = self.transport or LeanTransport()
+            async with httpx.AsyncClient(transport=transport) as http:
                 return await call(AsyncVllmClient(self.target, http))
 
         return asyncio.run(go())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,6 +70,12 @@ class ParsedSample:
     raw_name: str
     kind: str  # gauge | counter | bucket | sum | count
 
+    @cached_property
+    def labels_tuple(self) -> tuple[tuple[str, str], ...]:
+        """The labels, sorted, as a tuple: a series' identity, hashable (kept once computed:
+        a sample of an unchanged family is the same object scrape after scrape)."""
+        return tuple(sorted(self.labels.items()))
+
     @property
     def labels_key(self) -> str:
         """Canonical JSON of the labels: a series' identity together with its name."""
@@ -87,13 +94,12 @@ class ParsedScrape:
 
 
 def _blocks(text: str) -> list[str]:
-    """Split exposition text into family blocks at each `# HELP` line."""
-    blocks: list[list[str]] = [[]]
-    for line in text.splitlines():
-        if line.startswith("# HELP ") and blocks[-1]:
-            blocks.append([])
-        blocks[-1].append(line)
-    return ["\n".join(b) + "\n" for b in blocks if any(s.strip() for s in b)]
+    """Split exposition text into family blocks at each `# HELP` line (a string split:
+    this runs on every page of every target)."""
+    text = text.replace("\r\n", "\n")
+    parts = text.split("\n# HELP ")
+    blocks = [parts[0], *("# HELP " + p for p in parts[1:])]
+    return [b if b.endswith("\n") else b + "\n" for b in blocks if b.strip()]
 
 
 def _raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str, str]:
@@ -113,11 +119,94 @@ def _raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str
     return sample_name, "gauge"
 
 
+def _family(block: str) -> str | None:
+    """The family a block's `# HELP` line names, if it starts with one."""
+    if not block.startswith("# HELP "):
+        return None
+    parts = block.split(None, 3)
+    return parts[2] if len(parts) > 2 else None
+
+
+def _wanted(name: str) -> bool:
+    """Whether kvscope keeps anything of a family: a mapped vLLM metric, or the cache config."""
+    if name == CACHE_CONFIG:
+        return True
+    for suffix in ("", "_total", "_created"):
+        if suffix and not name.endswith(suffix):
+            continue
+        if name.removesuffix(suffix) in _RAW_TO_CANONICAL:
+            return not suffix or suffix == "_total"
+    return False
+
+
+@dataclass
+class _Digest:
+    """What one family block yields, kept per block text: an unchanged block (most of them,
+    on an idle engine) costs a dictionary look-up on the next page, not a parse."""
+
+    rows: list[tuple[str, str, ParsedSample]] = field(default_factory=list)  # canon, base
+    cache_info: dict[str, str] | None = None
+    model_name: str | None = None
+    unmapped: list[str] = field(default_factory=list)
+    nan_count: int = 0
+    parsed: bool = False
+    bad: str | None = None
+
+
+def _digest(block: str, label_limit: int | None, value_limit: int | None) -> _Digest:
+    out = _Digest()
+    try:
+        families = list(text_string_to_metric_families(block))
+    except (ValueError, IndexError, TypeError) as err:
+        out.bad = f"{block.splitlines()[0][:80]!r} ({err})"
+        return out
+    out.parsed = bool(families)
+    for fam in families:
+        for s in fam.samples:
+            _check_labels(s.name, s.labels, label_limit, value_limit)
+            if s.name.endswith("_created"):
+                continue
+            if s.name == CACHE_CONFIG:
+                out.cache_info = {k: v for k, v in s.labels.items() if k != "model_name"}
+                out.model_name = out.model_name or s.labels.get("model_name")
+                continue
+            base, role = _raw_base(s.name, fam.type, fam.name)
+            canon = _RAW_TO_CANONICAL.get(base)
+            if canon is None:
+                if s.name.startswith("vllm:") and s.name not in out.unmapped:
+                    out.unmapped.append(s.name)
+                continue
+            if math.isnan(s.value) or (math.isinf(s.value) and role == "gauge"):
+                out.nan_count += 1
+                continue
+            out.model_name = out.model_name or s.labels.get("model_name")
+            kind = METRICS[canon].kind
+            if kind is Kind.HISTOGRAM:
+                if role == "gauge":  # the bare family name of a histogram is no sample
+                    continue
+                series = f"{canon}_{role}"
+            else:
+                series, role = canon, kind.value
+            labels = {k: v for k, v in s.labels.items() if k not in TARGET_LABELS}
+            sample = ParsedSample(series, canon, labels, float(s.value), s.name, role)
+            out.rows.append((canon, base, sample))
+    return out
+
+
 def parse_metrics(
-    text: str, *, label_limit: int | None = None, label_value_length_limit: int | None = None
+    text: str,
+    *,
+    label_limit: int | None = None,
+    label_value_length_limit: int | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> ParsedScrape:
     """Parse a metrics page; raise NotPrometheusText when nothing in it is Prometheus text,
-    TargetError when a sample has more labels, or a longer label value, than allowed."""
+    TargetError when a sample has more labels, or a longer label value, than allowed.
+
+    Families kvscope does not keep (the HTTP server's, vLLM's unmapped ones) are named, not
+    parsed. With `cache` (one per target, under the same limits), a family block unchanged
+    since the last page is not parsed again. The cache is left holding this page's blocks.
+    """
     stripped = text.lstrip()
     if not stripped:
         raise NotPrometheusText("the response body is empty")
@@ -127,41 +216,36 @@ def parse_metrics(
         raise NotPrometheusText("the response is JSON, not Prometheus metrics text")
 
     out = ParsedScrape()
-    found: dict[str, list[tuple[str, str, dict[str, str], float, str]]] = {}
+    rows: list[tuple[str, str, ParsedSample]] = []
     parsed_any = False
     bad_blocks: list[str] = []
     nan_count = 0
+    seen: dict[str, Any] = {}
     for block in _blocks(text):
-        try:
-            families = list(text_string_to_metric_families(block))
-        except (ValueError, IndexError, TypeError) as err:
-            first = block.splitlines()[0][:80]
-            bad_blocks.append(f"{first!r} ({err})")
+        name = _family(block)
+        if name is not None and not _wanted(name):
+            parsed_any = True  # a well-formed family, just not one kvscope keeps
+            if name.startswith("vllm:") and not name.endswith("_created"):
+                out.unmapped.append(name)
             continue
-        parsed_any = parsed_any or bool(families)
-        for fam in families:
-            for s in fam.samples:
-                _check_labels(s.name, s.labels, label_limit, label_value_length_limit)
-                if s.name.endswith("_created"):
-                    continue
-                if s.name == CACHE_CONFIG:
-                    out.cache_info = {k: v for k, v in s.labels.items() if k != "model_name"}
-                    out.model_name = out.model_name or s.labels.get("model_name")
-                    continue
-                base, role = _raw_base(s.name, fam.type, fam.name)
-                canon = _RAW_TO_CANONICAL.get(base)
-                if canon is None:
-                    if s.name.startswith("vllm:") and s.name not in out.unmapped:
-                        out.unmapped.append(s.name)
-                    continue
-                if math.isnan(s.value) or (math.isinf(s.value) and role == "gauge"):
-                    nan_count += 1
-                    continue
-                out.model_name = out.model_name or s.labels.get("model_name")
-                found.setdefault(canon, []).append(
-                    (base, role, dict(s.labels), float(s.value), s.name)
-                )
+        digest = cache.get(block) if cache is not None else None
+        if digest is None:
+            digest = _digest(block, label_limit, label_value_length_limit)
+        seen[block] = digest
+        if digest.bad is not None:
+            bad_blocks.append(digest.bad)
+            continue
+        parsed_any = parsed_any or digest.parsed
+        rows += digest.rows
+        nan_count += digest.nan_count
+        out.unmapped += [u for u in digest.unmapped if u not in out.unmapped]
+        if digest.cache_info is not None:
+            out.cache_info = digest.cache_info
+        out.model_name = out.model_name or digest.model_name
 
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)
     if not parsed_any:
         detail = bad_blocks[0] if bad_blocks else "no metric lines"
         raise NotPrometheusText(f"the response is not Prometheus metrics text: {detail}")
@@ -172,23 +256,15 @@ def parse_metrics(
         )
     if nan_count:
         out.warnings.append(f"{nan_count} NaN/Inf value(s) skipped")
-
-    for canon, rows in found.items():
-        # Newest spelling present wins; older ones are duplicates during a deprecation.
-        chosen = next(raw for raw in SPELLINGS[canon] if any(r[0] == raw for r in rows))
-        for base, role, labels, value, raw in rows:
-            if base != chosen:
-                continue
-            for k in TARGET_LABELS:
-                labels.pop(k, None)
-            kind = METRICS[canon].kind
-            if kind is Kind.HISTOGRAM:
-                if role == "gauge":  # the bare family name of a histogram is no sample
-                    continue
-                series = f"{canon}_{role}"
-            else:
-                series, role = canon, kind.value
-            out.samples.append(ParsedSample(series, canon, labels, value, raw, role))
+    # Newest spelling present wins; older ones are duplicates during a deprecation.
+    present: dict[str, set[str]] = {}
+    for canon, base, _ in rows:
+        present.setdefault(canon, set()).add(base)
+    chosen = {
+        canon: next(raw for raw in SPELLINGS[canon] if raw in bases)
+        for canon, bases in present.items()
+    }
+    out.samples = [sample for canon, base, sample in rows if base == chosen[canon]]
     return out
 
 

@@ -28,6 +28,7 @@ from planner.errors import KvscopeError, LimitExceeded, NotFound, StorageError
 from probes.engine.spec import address
 from probes.vllm.client import METRICS, AsyncVllmClient, Target, VllmClient, parse_page
 from probes.vllm.metrics import ParsedScrape, summarize
+from probes.vllm.transport import LeanTransport
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
 from storage.schemas import ScrapeLimits, TargetRow
@@ -38,6 +39,7 @@ log = logging.getLogger("kvscope.worker")
 # Counters whose fall means the engine restarted (worth an event, and handled by rates).
 RESET_WATCH = ("generation_tokens_total", "prompt_tokens_total", "preemptions_total")
 MAX_BACKOFF_S = 60.0
+HEALTH_REFRESH_S = 5.0  # a healthy target's row (its last scrape time) is this fresh at worst
 STORE_THREADS = 4
 
 
@@ -48,6 +50,11 @@ class _TargetState:
     failures: int = 0
     counters: dict[str, float] = field(default_factory=dict)
     warning: str | None = None
+    parsed: dict[str, list[Any]] = field(default_factory=dict)  # families by block, last page
+    # What the targets row last said of a healthy target, and when (monotonic): an unchanged
+    # row is written again only every HEALTH_REFRESH_S.
+    health: tuple[Any, ...] = ()
+    health_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,8 @@ class TargetScraper:
         error, parsed = answer.error, None
         if answer.text is not None:
             try:
-                parsed = parse_page(answer.text, self.address(target).url(METRICS), limits)
+                url = self.address(target).url(METRICS)
+                parsed = parse_page(answer.text, url, limits, st.parsed)
                 self.writer.write(
                     target.id, parsed.samples, answer.started_at, series_limit=limits.series_limit
                 )
@@ -170,6 +178,17 @@ class TargetScraper:
         self, target: TargetRow, st: _TargetState, parsed: ParsedScrape, ts: float
     ) -> None:
         warning = "; ".join(parsed.warnings) or None
+        said = (warning, parsed.model_name, tuple(sorted(parsed.cache_info.items())))
+        now = time.monotonic()
+        if not st.failures and said == st.health:
+            fresh = now - st.health_at < HEALTH_REFRESH_S
+            health = "degraded" if warning else "up"
+            if fresh or q.touch_target(self.store, target.id, health=health, ts=ts):
+                # Up, and nothing new to say: the row is fresh enough, or only its times move.
+                st.health_at = st.health_at if fresh else now
+                self._check_resets(target, st, parsed)
+                return
+        st.health, st.health_at = said, now
         before, _ = q.set_target_health(
             self.store,
             target.id,
@@ -252,6 +271,7 @@ class ScrapeLoop:
         self._targets: dict[int, TargetRow] = {}
         self._waiting: dict[int, tuple[TargetRow, Answer]] = {}  # the next answer to store
         self._writing: set[int] = set()  # targets with a store write under way
+        self._writers: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
         self._started = False
 
@@ -264,7 +284,7 @@ class ScrapeLoop:
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._http = httpx.AsyncClient(
-            transport=self.scraper.transport, headers={"User-Agent": "kvscope"}
+            transport=self.scraper.transport or LeanTransport(), headers={"User-Agent": "kvscope"}
         )
         self._loop.run_forever()
 
@@ -315,7 +335,9 @@ class ScrapeLoop:
         self._waiting[tid] = (target, answer)
         if waiting is None and tid not in self._writing:
             self._writing.add(tid)
-            self._loop.create_task(self._write(tid))
+            task = self._loop.create_task(self._write(tid))
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
 
     async def _write(self, tid: int) -> None:
         loop = asyncio.get_running_loop()
@@ -342,9 +364,10 @@ class ScrapeLoop:
         if self._started:
 
             async def close() -> None:
-                for task in self._tasks.values():
+                tasks = [*self._tasks.values(), *self._writers]
+                for task in tasks:
                     task.cancel()
-                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
                 self._tasks.clear()
                 if self._http is not None:
                     await self._http.aclose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -36,6 +37,8 @@ from storage.settings import Settings
 
 log = logging.getLogger("kvscope.worker")
 LEASE = "worker"
+# Target edits reach the scrape loop within this; each sync reads every target row.
+TARGET_SYNC_S = 2.0
 
 
 def _alive(pid: int) -> bool:
@@ -74,6 +77,7 @@ class Worker:
         self.scheduler = self.jobs.scheduler
         self.keep_engines = False  # tests: leave engines running, as a crashed worker would
         self.demo: DemoLoad | None = None
+        self._synced_at = -math.inf
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -110,7 +114,8 @@ class Worker:
 
     def tick(self) -> None:
         """One pass of the main loop: keep jobs in step with their tables, pick up work."""
-        guarded("sync", self.sync_targets)
+        if time.monotonic() - self._synced_at >= TARGET_SYNC_S:
+            guarded("sync", self.sync_targets)
         guarded("schedules", self.sync_schedules)
         guarded("work", self.work.pick_up)
 
@@ -246,6 +251,7 @@ class Worker:
 
     def sync_targets(self) -> None:
         """Scrape the enabled targets as they are now; forget removed or disabled ones."""
+        self._synced_at = time.monotonic()
         for tid in self.scrapes.sync(q.list_targets(self.store, enabled_only=True)):
             self.scraper.forget(tid)
 

@@ -205,6 +205,8 @@ class WorkQueue:
         if self._closed:
             return
         self.enforce_deadlines()
+        if not q.queued_count(self.store):
+            return
         q.fail_unknown_runs(self.store, list(self.handlers))
         for lane, (kinds, room) in self.lanes().items():
             while kinds and self._running(lane) < room:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 
 from planner.errors import InvalidInput, NotFound
 from storage.db import session_factory, transaction
@@ -89,6 +89,16 @@ def claim_next_run(store: Engine, kinds: Sequence[str]) -> RunRow | None:
             return None
         s.refresh(run)
         return _run_row(run)
+
+
+def queued_count(store: Engine) -> int:
+    """How many runs wait to be claimed (a read, so an idle queue costs no write lock)."""
+    with store.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(ProbeRun).where(ProbeRun.status == "queued")
+            ).scalar_one()
+        )
 
 
 def fail_unknown_runs(store: Engine, kinds: Sequence[str]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from planner.errors import Conflict, InvalidInput, NotFound, validation_message
@@ -140,6 +140,19 @@ def set_target_health(
             t.health_message = message
             t.consecutive_failures += 1
         return before, t.health
+
+
+def touch_target(store: Engine, target_id: int, *, health: str, ts: float) -> bool:
+    """A healthy target scraped again with nothing new to say: only its times move. False
+    when its stored health is no longer `health` (someone else wrote it): then the caller
+    records the outcome in full."""
+    with store.begin() as conn:
+        result = conn.execute(
+            update(Target)
+            .where(Target.id == target_id, Target.health == health)
+            .values(last_scrape_at=ts, last_success_at=ts, consecutive_failures=0)
+        )
+    return bool(result.rowcount)
 
 
 def _int(v: str | None) -> int | None:

@@ -117,3 +117,14 @@ def test_model_name_moves_to_the_target_and_engine_label_stays() -> None:
     assert parsed.model_name == "tiny-llama"
     running = next(s for s in parsed.samples if s.series == "running")
     assert running.labels == {"engine": "0"}
+
+
+def test_every_capture_passes_the_default_scrape_limits() -> None:
+    from probes.vllm.client import parse_page
+    from storage.schemas import ScrapeLimits
+
+    for path in sorted(
+        (Path(__file__).resolve().parents[1] / "fixtures" / "metrics").glob("*.txt")
+    ):
+        parsed = parse_page(path.read_text(), f"capture {path.name}", ScrapeLimits())
+        assert parsed.samples, path.name

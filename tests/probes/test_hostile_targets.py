@@ -7,10 +7,8 @@ client's limits, so a case that would run forever still ends the test on time.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from probes.vllm.client import Target, VllmClient
 from storage import queries as q
 from storage.db import open_store
 from storage.schemas import ScrapeLimits
-from tests.support.cli import ROOT, kvscope
+from tests.support.cli import kvscope, spawn
 from tests.support.fake_vllm import FakeVllm, serve
 from tests.support.hostile import CASES, hostile
 
@@ -80,17 +78,8 @@ def test_a_worker_scraping_every_case_stays_small_and_stores_why(
         for case in CASES:
             q.add_target(store, q.parse_target({"name": case, "base_url": f"{hostile_url}/{case}"}))
         q.add_target(store, q.parse_target({"name": "healthy", "base_url": good}))
-        env = dict(os.environ)
-        env |= {"KVSCOPE_DATA_DIR": str(tmp_path), "KVSCOPE_SCRAPE__INTERVAL_S": "2"}
-        env |= {"KVSCOPE_SCRAPE__TIMEOUT_S": str(DEADLINE_S)}
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        scrape = {"KVSCOPE_SCRAPE__INTERVAL_S": "2", "KVSCOPE_SCRAPE__TIMEOUT_S": str(DEADLINE_S)}
+        worker = spawn("worker", env_dir=tmp_path, environ=scrape, stderr=subprocess.PIPE)
         try:
             # Each case is judged on its latest scrape: the first one may meet a machine
             # still busy starting the worker.

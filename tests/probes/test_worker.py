@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InvalidInput, KvscopeError
-from probes.worker import Worker
+from probes.worker import Worker, scraping
 from storage import derived as d
 from storage import queries as q
 from storage.schemas import ScrapeLimits
@@ -101,6 +101,26 @@ def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -
     assert "HTTP 503" in (
         q.events(worker.store, 0, time.time() + 1, kinds=["target_down"])[0].message
     )
+
+
+def test_a_healthy_targets_row_stays_fresh_and_a_health_written_elsewhere_is_corrected(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scraping, "HEALTH_REFRESH_S", 0.6)
+    with serve(FakeVllm()) as url:
+        tid = _add(worker, "fake", url)
+        worker.start()
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        first = q.get_target(worker.store, "fake").last_scrape_at or 0.0
+        # Only the times move while nothing new is said (the cheap refresh)...
+        _wait_for(lambda: (q.get_target(worker.store, "fake").last_scrape_at or 0.0) > first + 1)
+        # ...and a health another writer left (a check that failed) is put right, with its
+        # event, instead of being refreshed over.
+        q.set_target_health(worker.store, tid, ok=False, message="checked: refused", ts=time.time())
+        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        worker.stop()
+    ups = q.events(worker.store, 0, time.time() + 1, kinds=["target_up"])
+    assert len(ups) == 1 and ups[0].target_id == tid
 
 
 def test_slow_endpoint_times_out_with_a_clear_message(settings: Settings) -> None:

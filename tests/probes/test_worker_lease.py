@@ -3,32 +3,22 @@ holder, and after the first is SIGKILLed a new one takes over within the lease e
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from storage import queries as q
 from storage.db import open_store
-from tests.support.cli import ROOT
+from tests.support.cli import spawn
 
 LEASE_S = 8.0
 
 
 def _worker(data: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ)
-    env |= {"KVSCOPE_DATA_DIR": str(data), "KVSCOPE_WORKER_LEASE_S": str(LEASE_S)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    lease = {"KVSCOPE_WORKER_LEASE_S": str(LEASE_S)}
+    return spawn("worker", env_dir=data, environ=lease, stderr=subprocess.PIPE)
 
 
 def _holds(data: Path, pid: int, timeout: float) -> bool:

@@ -29,3 +29,22 @@ def kvscope(
         env=env,
         timeout=timeout,
     )
+
+
+def spawn(
+    *args: str,
+    env_dir: Path,
+    environ: Mapping[str, str] | None = None,
+    stderr: int | None = subprocess.DEVNULL,
+) -> subprocess.Popen[str]:
+    """`kvscope ARGS` started in the background (a worker, say) on `env_dir`; the caller
+    stops it by its PID."""
+    env = dict(os.environ) | dict(environ or {}) | {"KVSCOPE_DATA_DIR": str(env_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )

@@ -55,6 +55,10 @@ class FakeConfig:
     # Refuse every request without `Authorization: Bearer <api_key>` (vLLM's --api-key
     # guards its /v1 routes; this stand-in guards all of them, so a forgotten token shows).
     api_key: str | None = None
+    # A prompt over this many tokens "crashes" the engine for `down_s`: its health answers
+    # 503 and every generation 500 until then (the OOM probe's crash and restart).
+    crash_over_tokens: int | None = None
+    down_s: float = 1.0
 
 
 @dataclass
@@ -65,6 +69,9 @@ class FakeOpenAI:
     url: str = ""
     generations: int = 0
     unauthorized: int = 0
+    down_until: float = 0.0  # monotonic
+    crashes: list[float] = field(default_factory=list)  # monotonic times of each crash
+    sent: list[tuple[float, int]] = field(default_factory=list)  # (time, prompt tokens)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
     connections: set[_Connection] = field(default_factory=set)
@@ -84,7 +91,7 @@ class FakeOpenAI:
             card |= {"root": cfg.model, "max_model_len": cfg.max_model_len}
             return 200, json.dumps({"object": "list", "data": [card]}).encode(), None
         if method == "GET" and path == "/health":
-            return 200, b"", None
+            return (503 if time.monotonic() < self.down_until else 200), b"", None
         if method == "GET" and path == "/metrics" and cfg.metrics:
             text = (
                 f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
@@ -123,6 +130,14 @@ class FakeOpenAI:
             prompt = chat_tokens(req.get("messages", []))
         else:
             prompt = len(tokenize(str(req.get("prompt", ""))))
+        now = time.monotonic()
+        self.sent.append((now, prompt))
+        if now < self.down_until:
+            return 500, _error("engine dead", "InternalServerError", 500), None
+        if cfg.crash_over_tokens is not None and prompt > cfg.crash_over_tokens:
+            self.down_until = now + cfg.down_s
+            self.crashes.append(now)
+            return 500, _error("engine dead", "InternalServerError", 500), None
         if prompt > cfg.max_model_len:
             n = cfg.max_model_len + 1
             msg = (

@@ -63,6 +63,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         await _serve(case, path, writer)
     except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
         pass
+    except asyncio.CancelledError:
+        pass  # the server is shutting down: this case ends here, quietly
     finally:
         writer.close()
 
