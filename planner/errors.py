@@ -2,8 +2,12 @@
 
 KvscopeError                 base: message is safe to show a user as is
 ├── InvalidInput             bad input refused at the edge (config, CLI flag, form field)
-│   └── UnknownChoice        a name that is not in a catalog (preset, GPU, dtype)
+│   ├── UnknownChoice        a name that is not in a catalog (preset, GPU, dtype)
+│   └── OutboundRefused      a target host off the allowlist, or a token sent elsewhere
 ├── NotFound                 a stored thing (target, run, spec) that does not exist
+├── Forbidden                the person's role does not allow the action, or it is not
+│   │                        allowed from where they are (a browser); the message says which
+│   └── SignInFailed         wrong user name or password, or locked out for a while
 ├── TargetError              a target could not be reached or did not answer as vLLM
 │   ├── TargetAuthError      the engine wants a token, or refused the one sent
 │   └── NotPrometheusText    the body is not Prometheus exposition text
@@ -41,6 +45,18 @@ class UnknownChoice(InvalidInput):
 
 class NotFound(KvscopeError):
     """A stored object that does not exist."""
+
+
+class Forbidden(KvscopeError):
+    """The action needs a role the person does not have, or may not be done from there."""
+
+
+class SignInFailed(Forbidden):
+    """A sign-in refused: wrong name or password, or the name is locked out for a while."""
+
+
+class OutboundRefused(InvalidInput):
+    """kvscope will not send requests (or a token) to that host."""
 
 
 class TargetError(KvscopeError):

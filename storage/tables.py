@@ -143,6 +143,8 @@ class ProbeRun(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
     # When a running item must have ended (wall clock, set when it is claimed).
     deadline_at: Mapped[float | None] = mapped_column(Float)
+    # Who asked for it ("alice (operator, console)"); None for the worker's own schedules.
+    requested_by: Mapped[str | None] = mapped_column(String(200))
 
     records: Mapped[list[RequestRecord]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True
@@ -188,6 +190,8 @@ class Event(Base):
     severity: Mapped[str] = mapped_column(String(10), default="info")  # info|warning|error
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Who caused it, when a person did ("alice (operator, console)"); None for the system.
+    actor: Mapped[str | None] = mapped_column(String(200))
 
 
 class EngineSpecRow(Base):
@@ -199,6 +203,9 @@ class EngineSpecRow(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     desired_state: Mapped[str] = mapped_column(String(20), default="stopped")  # running|stopped
+    # The spec as last started by someone allowed to: what supervision restarts after a
+    # crash, so a saved edit takes effect only at the next start or restart.
+    started_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, default=_now)
     updated_at: Mapped[float] = mapped_column(Float, default=_now)
 
@@ -303,3 +310,45 @@ class WorkerLease(Base):
     acquired_at: Mapped[float] = mapped_column(Float)
     renewed_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditEntry(Base):
+    """One state-changing action: who, when, what, its parameters (secrets masked) and its
+    outcome. Append-only: triggers in the database refuse UPDATE and DELETE."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_ts", "ts"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, default=_now)
+    actor: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    origin: Mapped[str] = mapped_column(String(20))  # console | cli | worker
+    action: Mapped[str] = mapped_column(String(60))
+    subject: Mapped[str | None] = mapped_column(Text)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    outcome: Mapped[str] = mapped_column(String(10))  # ok | refused | failed
+    message: Mapped[str | None] = mapped_column(Text)
+
+
+class AllowedHost(Base):
+    """A host, address or network targets may point at, beyond loopback."""
+
+    __tablename__ = "allowed_hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    pattern: Mapped[str] = mapped_column(String(255), unique=True)
+    note: Mapped[str | None] = mapped_column(Text)
+    added_by: Mapped[str | None] = mapped_column(String(200))
+    added_at: Mapped[float] = mapped_column(Float, default=_now)
+
+
+class SigninFailure(Base):
+    """Failed sign-ins of one user name since the last success, and its lockout."""
+
+    __tablename__ = "signin_failures"
+
+    username: Mapped[str] = mapped_column(String(200), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    first_at: Mapped[float] = mapped_column(Float, default=_now)
+    locked_until: Mapped[float | None] = mapped_column(Float)
