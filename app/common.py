@@ -21,6 +21,7 @@ from streamlit.errors import FragmentHandledException
 
 from planner.errors import KvscopeError
 from storage import dashboards, queries
+from storage.access import Actor, Origin, Role
 from storage.db import open_store
 from storage.schemas import AlertRow, EventRow, RunRow, TargetRow
 from storage.settings import Settings
@@ -38,6 +39,13 @@ WINDOWS: dict[str, float] = {
 
 
 P = ParamSpec("P")
+
+
+def actor() -> Actor:
+    """Who is acting in this browser session: every guarded action is done as them.
+    Without sign-in (the console bound to loopback, one person on their own machine) that
+    is the local admin; a browser never owns the machine."""
+    return Actor("local", Role.ADMIN, Origin.CONSOLE)
 
 PAGE_FAILED = "Something went wrong on this page; the details are in the console's log."
 

@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from planner.errors import InvalidInput, KvscopeError, validation_message
+from storage.access import Actor
 from storage.settings import Settings
 
 if TYPE_CHECKING:
@@ -28,6 +29,11 @@ def settings() -> Settings:
         return Settings()
     except ValidationError as err:
         raise InvalidInput(f"settings refused: {validation_message(err)}") from err
+
+
+def owner() -> Actor:
+    """The CLI acts as the machine's owner: admin, and may set what a browser may not."""
+    return Actor.machine_owner()
 
 
 def store() -> Engine:
