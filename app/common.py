@@ -47,6 +47,7 @@ def actor() -> Actor:
     is the local admin; a browser never owns the machine."""
     return Actor("local", Role.ADMIN, Origin.CONSOLE)
 
+
 PAGE_FAILED = "Something went wrong on this page; the details are in the console's log."
 
 

@@ -184,6 +184,7 @@ class EventRow(BaseModel):
     severity: str
     message: str
     data: dict[str, Any]
+    actor: str | None = None
 
 
 class RunRow(BaseModel):
@@ -202,6 +203,7 @@ class RunRow(BaseModel):
     started_at: float | None
     finished_at: float | None
     deadline_at: float | None = None
+    requested_by: str | None = None
 
 
 class ScheduleRow(BaseModel):
@@ -230,3 +232,5 @@ class AlertRow(BaseModel):
     resolved_at: float | None
     value: float | None
     message: str
+    acknowledged_by: str | None = None
+    acknowledged_at: float | None = None

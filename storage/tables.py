@@ -273,6 +273,9 @@ class Alert(Base):
     resolved_at: Mapped[float | None] = mapped_column(Float)
     value: Mapped[float | None] = mapped_column(Float)
     message: Mapped[str] = mapped_column(Text)
+    # An operator saw it and is on it; it stays firing until its condition ends.
+    acknowledged_by: Mapped[str | None] = mapped_column(String(200))
+    acknowledged_at: Mapped[float | None] = mapped_column(Float)
 
 
 class CostFrame(Base):

@@ -79,3 +79,31 @@ def test_only_the_console_imports_streamlit() -> None:
 
 def test_no_module_but_init_lies_directly_in_probes() -> None:
     assert sorted(p.name for p in (ROOT / "probes").glob("*.py")) == ["__init__.py"]
+
+
+# Writes that change what a team shares: the console and the CLI make them only through the
+# guarded actions (role checked, audited), never by calling the query directly.
+GUARDED_WRITES = {
+    "cancel_run",
+    "add_schedule",
+    "remove_schedule",
+    "save_profile",
+    "save_slo",
+    "remove_slo",
+    "save_rule",
+    "remove_rule",
+    "restore_rules",
+    "acknowledge_alert",
+    "save_cost_frame",
+}
+
+
+def test_the_console_and_cli_change_shared_state_only_through_guarded_actions() -> None:
+    for path in _modules("app"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("q", "queries")
+            ):
+                assert node.attr not in GUARDED_WRITES, (str(path.relative_to(ROOT)), node.attr)

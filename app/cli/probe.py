@@ -21,7 +21,7 @@ import typer
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from app.cli._shared import print_summary, settings
+from app.cli._shared import owner, print_summary, settings
 from planner.errors import InvalidInput, KvscopeError
 from probes.kinds import KINDS, AnyKind, CliOption, ProbeProgress
 
@@ -95,14 +95,15 @@ def run_cli_probe(
 ) -> None:
     """Validate, store a running row, run with a progress bar, store and print the outcome."""
     from probes.engine.spec import address
-    from probes.kinds import StoredRun, parse_params
+    from probes.kinds import StoredRun
     from probes.kinds.context import stored
+    from probes.kinds.requests import begin_local_probe
     from probes.vllm.client import Target
     from storage import queries as q
     from storage.db import open_store
 
-    store = open_store(settings().db_url)
-    params = parse_params(kind.name, _merge(data, sets), q.stored_profiles(store))
+    config = settings()
+    store = open_store(config.db_url)
     if "://" in target:
         known = q.find_target_by_url(store, target)
         where = Target.resolve(target, token_env)
@@ -112,12 +113,14 @@ def run_cli_probe(
             raise InvalidInput("--token-env goes with a URL; a stored target has its own")
         where = address(store, known)
     managed = bool(known and known.managed)
-    kind.admit(params, managed)
-    run = q.start_run(
+    run, params = begin_local_probe(
         store,
+        owner(),
         kind.name,
-        params.model_dump() | {"target_url": where.base_url},
-        known.id if known else None,
+        _merge(data, sets),
+        config.probe_limits,
+        known,
+        where.base_url,
     )
     spec = None
     if known is not None and known.managed:
@@ -248,24 +251,16 @@ def profile_save(
     file: Annotated[typer.FileText, typer.Option("--file", help="JSON profile ('-': stdin)")],
 ) -> None:
     """Validate a profile (see `kvscope profile show chat` for the shape) and store it."""
-    from probes.load.workloads import PRESETS, parse_profile
-    from storage import queries as q
+    from probes.kinds.requests import save_profile
     from storage.db import open_store
-    from storage.schemas import NAME_RE
 
-    if not NAME_RE.match(name) or name in PRESETS:
-        raise InvalidInput(
-            f"profile name {name!r} must be letters, digits, '.', '_' or '-' "
-            f"and not a preset ({', '.join(sorted(PRESETS))})"
-        )
     try:
         data = json.load(file)
     except ValueError as err:
         raise InvalidInput(f"the profile is not JSON: {err}") from err
     if not isinstance(data, dict):
         raise InvalidInput("the profile must be a JSON object with a 'kind'")
-    profile = parse_profile(data)
-    q.save_profile(open_store(settings().db_url), name, profile.model_dump())
+    profile = save_profile(open_store(settings().db_url), owner(), name, data)
     typer.echo(f"saved profile {name} ({profile.kind})")
 
 

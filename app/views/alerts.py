@@ -12,8 +12,10 @@ import streamlit as st
 from app import common
 from app.exports import grafana_dashboard_json, prometheus_rules_yaml
 from planner.errors import KvscopeError
-from probes.alerting.rules import DEFAULT_RULES, ParsedRules, RuleKind, parse_rule, rules_from_rows
+from probes.alerting import changes
+from probes.alerting.rules import DEFAULT_RULES, ParsedRules, RuleKind, rules_from_rows
 from storage import queries
+from storage.access import Action, allowed
 
 
 def render() -> None:
@@ -21,7 +23,6 @@ def render() -> None:
     st.title("Alerts")
     common.worker_banner()
     store = common.store()
-    queries.ensure_rules(store, [r.model_dump() for r in DEFAULT_RULES])
     _open()
     rules = queries.list_rules(store)
     parsed = rules_from_rows(rules)
@@ -31,8 +32,15 @@ def render() -> None:
         hide_index=True,
         width="stretch",
     )
-    with st.expander("Change, add or remove a rule"):
-        _editor(rules)
+    missing = {r.name for r in DEFAULT_RULES} - {data["name"] for _, data in rules}
+    can_restore = missing and allowed(common.actor(), Action.RULES_RESTORE)
+    label = f"Restore the {len(missing)} missing default rule(s)"
+    if can_restore and st.button(label, key="rules_restore"):
+        changes.restore_default_rules(store, common.actor())
+        st.rerun()
+    if allowed(common.actor(), Action.RULE_SAVE):
+        with st.expander("Change, add or remove a rule"):
+            _editor(rules)
     _history()
     _exports(parsed)
 
@@ -55,6 +63,7 @@ def _open() -> None:
                     "since": common.age(a.started_at),
                     "value": a.value,
                     "message": a.message,
+                    "acknowledged": a.acknowledged_by or "",
                 }
                 for a in firing
             ]
@@ -62,6 +71,19 @@ def _open() -> None:
         hide_index=True,
         width="stretch",
     )
+    waiting = [a for a in firing if a.acknowledged_by is None]
+    if waiting and allowed(common.actor(), Action.ALERT_ACKNOWLEDGE):
+        c1, c2 = st.columns([4, 1])
+        pick = c1.selectbox(
+            "Acknowledge",
+            waiting,
+            format_func=lambda a: f"{a.rule} on {a.target}",
+            key="ack_pick",
+            label_visibility="collapsed",
+        )
+        if c2.button("Acknowledge", key="ack_btn"):
+            changes.acknowledge_alert(common.store(), common.actor(), pick.id)
+            st.rerun()
 
 
 def _rule_row(rule_id: int, data: dict[str, Any], parsed: ParsedRules) -> dict[str, Any]:
@@ -121,7 +143,9 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
         enabled = st.checkbox("Enabled", data.get("enabled", True))
         if st.form_submit_button("Save rule"):
             try:
-                rule = parse_rule(
+                rule = changes.save_rule(
+                    store,
+                    common.actor(),
                     {
                         **data,  # what the form does not show (a KV-slope rule's stable_rate)
                         "name": name,
@@ -133,15 +157,15 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
                         "metric": metric,
                         "target": target,
                         "enabled": enabled,
-                    }
+                    },
+                    rule_id,
                 )
-                queries.save_rule(store, rule.model_dump(), rule_id)
             except KvscopeError as err:
                 st.error(str(err))
             else:
                 st.success(f"Saved: {rule.describe()}")
     if rule_id is not None and st.button("Remove this rule", key="rule_remove"):
-        queries.remove_rule(store, rule_id)
+        changes.remove_rule(store, common.actor(), rule_id)
         st.rerun()
 
 

@@ -30,6 +30,7 @@ from planner.gpus import get_gpu, gpu_names
 from planner.models import load_preset, preset_names
 from planner.queueing import queue_estimate
 from storage import queries
+from storage.access import changes
 from storage.dashboards import measured_points, queue_inputs
 
 
@@ -79,7 +80,7 @@ def render() -> None:
     steps = _ladder()
     if st.button("Record this frame", key="cost_record") and inputs is not None:
         name = st.session_state.get("cost_name") or "default"
-        queries.save_cost_frame(common.store(), name, inputs["raw"], steps)
+        changes.save_cost_frame(common.store(), common.actor(), name, inputs["raw"], steps)
         st.success(f"Recorded as {name!r}.")
     st.text_input("Frame name", "default", key="cost_name")
     recorded = queries.cost_frames(common.store())

@@ -17,8 +17,9 @@ import streamlit as st
 from app import common
 from app.charts import probes as charts
 from planner.errors import InvalidInput, KvscopeError
-from probes.kinds import KINDS, AnyKind, ProbeResult, get_kind, parse_params
+from probes.kinds import KINDS, AnyKind, ProbeResult, get_kind, requests
 from storage import queries
+from storage.access import Action, allowed
 from storage.schemas import RunRow, TargetRow
 
 
@@ -69,27 +70,37 @@ def _start_form(targets: list[TargetRow]) -> None:
         key=f"probe_{name}_extra",
         help='any other parameter of the probe, e.g. {"profile": "code-review", "seed": 3}',
     )
+    confirm = None
     if kind.destructive:
         st.warning(
             f"The {kind.title} probe pushes the engine until it queues, preempts, rejects "
             "or fails. It can crash the engine and disturbs every request it serves."
         )
-        data["confirm"] = st.checkbox("I understand; run it", key=f"{name}_confirm")
+        confirm = st.text_input(
+            f"Type the target's name ({target.name}) to confirm", key=f"{name}_confirm"
+        )
         if target is not None and not target.managed:
             data["allow_external"] = st.checkbox(
                 f"{target.name} is not managed by kvscope: push it anyway", key=f"{name}_external"
             )
-    if st.button("Start", type="primary", key="probe_start"):
+    who = common.actor()
+    if st.button(
+        "Start",
+        type="primary",
+        key="probe_start",
+        disabled=not allowed(who, Action.PROBE_RUN),
+        help=None if allowed(who, Action.PROBE_RUN) else "starting a probe needs an operator",
+    ):
         try:
             data |= json.loads(extra or "{}")
-            params = parse_params(name, data, queries.stored_profiles(common.store()))
-            kind.admit(params, target.managed)
+            run = requests.request_probe(
+                common.store(), who, name, target, data, common.settings().probe_limits, confirm
+            )
         except json.JSONDecodeError as err:
             st.error(f"Other parameters are not JSON: {err}")
         except KvscopeError as err:
             st.error(str(err))
         else:
-            run = queries.request_run(common.store(), name, params.model_dump(), target.id)
             st.success(f"Queued run {run.id}; the worker starts it within a second.")
 
 
@@ -113,8 +124,9 @@ def _running() -> None:
             text=f"run {run.id} · {kind.title} · {run.status} · "
             f"{progress.phase if progress else ''}",
         )
-        if c2.button("Cancel", key=f"cancel_{run.id}", disabled=run.cancel_requested):
-            queries.cancel_run(common.store(), run.id)
+        can = allowed(common.actor(), Action.PROBE_CANCEL)
+        if c2.button("Cancel", key=f"cancel_{run.id}", disabled=run.cancel_requested or not can):
+            requests.cancel_probe(common.store(), common.actor(), run.id)
         chart = kind.partial_chart(progress) if progress is not None else None
         if chart is not None:
             st.plotly_chart(charts.figure(chart), key=f"live_{run.id}")
@@ -298,7 +310,7 @@ def _schedules(targets: list[TargetRow]) -> None:
                 "Remove schedule", [None] + [s.id for s in rows], key="sched_remove"
             )
             if gone is not None and st.button("Remove", key="sched_remove_btn"):
-                queries.remove_schedule(store, gone)
+                requests.remove_schedule(store, common.actor(), gone)
                 st.rerun()
         with st.form("add_schedule"):
             name = st.selectbox(
@@ -310,8 +322,10 @@ def _schedules(targets: list[TargetRow]) -> None:
             if st.form_submit_button("Add schedule"):
                 try:
                     data = json.loads(params or "{}")
-                    parsed = parse_params(name, data, queries.stored_profiles(store))
-                    queries.add_schedule(store, target.id, name, parsed.model_dump(), every * 60)
+                    limits = common.settings().probe_limits
+                    requests.add_schedule(
+                        store, common.actor(), name, target, data, every * 60, limits
+                    )
                 except json.JSONDecodeError as err:
                     st.error(f"Parameters are not JSON: {err}")
                 except KvscopeError as err:

@@ -11,8 +11,9 @@ import streamlit as st
 
 from app import common
 from planner.errors import KvscopeError
-from planner.slo import parse_slo, slo_presets
+from planner.slo import slo_presets
 from storage import queries
+from storage.access import changes
 from storage.dashboards import slo_reports
 from storage.schemas import TargetRow
 
@@ -34,7 +35,7 @@ def render() -> None:
                 "Remove it (the alert rules fall back to their own bounds)", key="slo_remove_sure"
             )
             if st.button("Remove", disabled=not sure, key="slo_remove_btn"):
-                queries.remove_slo(store, name)
+                changes.remove_slo(store, common.actor(), name)
                 st.rerun()
     with st.expander("MLPerf Inference presets and where they come from"):
         st.dataframe(
@@ -146,7 +147,9 @@ def _form(targets: list[TargetRow]) -> None:
         )
         if st.form_submit_button("Save SLO"):
             try:
-                slo = parse_slo(
+                slo = changes.save_slo(
+                    common.store(),
+                    common.actor(),
                     {
                         "name": name,
                         "ttft_s": ttft,
@@ -156,13 +159,8 @@ def _form(targets: list[TargetRow]) -> None:
                         "window_s": window * 3600,
                         "request_class": klass,
                         "source": base.source if base else "set by hand",
-                    }
-                )
-                queries.save_slo(
-                    common.store(),
-                    slo.name,
-                    slo.model_dump(),
-                    None if target is None else target.id,
+                    },
+                    target,
                 )
             except KvscopeError as err:
                 st.error(str(err))

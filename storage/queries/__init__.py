@@ -10,6 +10,7 @@ here: `from storage import queries as q`.
 """
 
 from storage.queries.alerts import (
+    acknowledge_alert,
     alerts,
     ensure_rules,
     fire_alert,
@@ -19,6 +20,7 @@ from storage.queries.alerts import (
     remove_rule,
     remove_slo,
     resolve_alert,
+    restore_rules,
     save_rule,
     save_slo,
     update_alert,
@@ -76,6 +78,7 @@ __all__ = [
     "FINAL_STATES",
     "RUN_STATES",
     "LeaseRow",
+    "acknowledge_alert",
     "acquire_lease",
     "active_run_of_schedule",
     "add_latency_columns",
@@ -116,6 +119,7 @@ __all__ = [
     "renew_lease",
     "request_run",
     "resolve_alert",
+    "restore_rules",
     "run_records",
     "save_cost_frame",
     "save_engine_spec",

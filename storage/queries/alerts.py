@@ -120,6 +120,8 @@ def alerts(
                 resolved_at=a.resolved_at,
                 value=a.value,
                 message=a.message,
+                acknowledged_by=a.acknowledged_by,
+                acknowledged_at=a.acknowledged_at,
             )
             for a, rule, target in s.execute(q)
         ]
@@ -163,6 +165,37 @@ def update_alert(store: Engine, alert_id: int, value: float | None, message: str
     """Refresh the value of a firing alert."""
     with transaction(store) as s:
         s.execute(update(Alert).where(Alert.id == alert_id).values(value=value, message=message))
+
+
+def acknowledge_alert(store: Engine, alert_id: int, by: str, now: float | None = None) -> None:
+    """Mark a firing alert as seen by `by` (it keeps firing until its condition ends)."""
+    with transaction(store) as s:
+        row = s.get(Alert, alert_id)
+        if row is None:
+            raise NotFound(f"no alert with id {alert_id}")
+        if row.state != "firing":
+            raise InvalidInput(f"alert {alert_id} has resolved already; nothing to acknowledge")
+        row.acknowledged_by, row.acknowledged_at = by, now or time.time()
+        s.add(
+            Event(
+                ts=row.acknowledged_at,
+                target_id=row.target_id,
+                kind="alert_acknowledged",
+                severity="info",
+                message=f"{row.message} (acknowledged by {by})",
+                data={"rule_id": row.rule_id, "alert_id": row.id},
+                actor=by,
+            )
+        )
+
+
+def restore_rules(store: Engine, defaults: Iterable[dict[str, Any]]) -> list[str]:
+    """Add back every default rule whose name is not stored; return their names."""
+    with transaction(store) as s:
+        have = set(s.scalars(select(AlertRuleRow.name)))
+        rows = [AlertRuleRow(name=d["name"], rule=d) for d in defaults if d["name"] not in have]
+        s.add_all(rows)
+        return [r.name for r in rows]
 
 
 def resolve_alert(store: Engine, alert_id: int, message: str, now: float) -> None:

@@ -23,8 +23,9 @@ def record_event(
     severity: str = "info",
     data: dict[str, Any] | None = None,
     ts: float | None = None,
+    actor: str | None = None,
 ) -> None:
-    """Append one event."""
+    """Append one event; `actor` is the person who caused it, when one did."""
     with transaction(store) as s:
         s.add(
             Event(
@@ -34,6 +35,7 @@ def record_event(
                 severity=severity,
                 message=message,
                 data=data or {},
+                actor=actor,
             )
         )
 

@@ -27,24 +27,46 @@ def _run_row(run: ProbeRun) -> RunRow:
 
 
 def request_run(
-    store: Engine, kind: str, params: dict[str, Any] | None = None, target_id: int | None = None
+    store: Engine,
+    kind: str,
+    params: dict[str, Any] | None = None,
+    target_id: int | None = None,
+    *,
+    requested_by: str | None = None,
 ) -> RunRow:
-    """Queue a unit of work for the worker; the console's only way to make things happen."""
+    """Queue a unit of work for the worker (the guarded actions call this, saying who
+    asked; the worker's own schedules leave `requested_by` empty)."""
     with transaction(store) as s:
-        run = ProbeRun(kind=kind, params=params or {}, target_id=target_id, status="queued")
+        run = ProbeRun(
+            kind=kind,
+            params=params or {},
+            target_id=target_id,
+            status="queued",
+            requested_by=requested_by,
+        )
         s.add(run)
         s.flush()
         return _run_row(run)
 
 
 def start_run(
-    store: Engine, kind: str, params: dict[str, Any], target_id: int | None = None
+    store: Engine,
+    kind: str,
+    params: dict[str, Any],
+    target_id: int | None = None,
+    *,
+    requested_by: str | None = None,
 ) -> RunRow:
     """A run carried out by the caller itself (the CLI): stored as running, never queued, so
     no worker picks it up."""
     with transaction(store) as s:
         run = ProbeRun(
-            kind=kind, params=params, target_id=target_id, status="running", started_at=time.time()
+            kind=kind,
+            params=params,
+            target_id=target_id,
+            status="running",
+            started_at=time.time(),
+            requested_by=requested_by,
         )
         s.add(run)
         s.flush()

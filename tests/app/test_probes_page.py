@@ -106,8 +106,15 @@ def test_starting_a_probe_queues_it_and_oom_needs_consent(store: Engine) -> None
     assert [(r.kind, r.status, r.params["rate"]) for r in queued] == [("latency", "queued", 1.0)]
     at.selectbox(key="probe_kind").set_value("oom").run()
     next(b for b in at.button if b.key == "probe_start").click().run()
-    assert any("confirm to run it" in e.value for e in at.error)
+    assert any("type the target's name (t) to confirm" in e.value for e in at.error)
+    at.text_input(key="oom_confirm").set_value("not-t").run()
+    next(b for b in at.button if b.key == "probe_start").click().run()
     assert len(q.list_runs(store)) == 1
+    at.text_input(key="oom_confirm").set_value("t").run()
+    at.checkbox(key="oom_external").check().run()
+    next(b for b in at.button if b.key == "probe_start").click().run()
+    oom = [r for r in q.list_runs(store) if r.kind == "oom"]
+    assert len(oom) == 1 and oom[0].requested_by == "local (admin, console)"
 
 
 def test_a_running_probe_shows_progress_and_can_be_cancelled(store: Engine) -> None:

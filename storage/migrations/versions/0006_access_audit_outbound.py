@@ -1,5 +1,5 @@
 """who may do what: the audit log (append-only), who asked for events and runs, the hosts
-targets may point at, sign-in lockouts, the engine spec as last started
+targets may point at, sign-in lockouts, the engine spec as last started, who acknowledged an alert
 
 Revision ID: 0006
 Revises: 0005
@@ -58,6 +58,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("requested_by", sa.String(length=200), nullable=True))
     with op.batch_alter_table("engine_specs") as batch:
         batch.add_column(sa.Column("started_spec", sa.JSON(), nullable=True))
+    with op.batch_alter_table("alerts") as batch:
+        batch.add_column(sa.Column("acknowledged_by", sa.String(length=200), nullable=True))
+        batch.add_column(sa.Column("acknowledged_at", sa.Float(), nullable=True))
     op.create_table(
         "allowed_hosts",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -81,6 +84,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("signin_failures")
     op.drop_table("allowed_hosts")
+    with op.batch_alter_table("alerts") as batch:
+        batch.drop_column("acknowledged_at")
+        batch.drop_column("acknowledged_by")
     with op.batch_alter_table("engine_specs") as batch:
         batch.drop_column("started_spec")
     with op.batch_alter_table("probe_runs") as batch:
