@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import ParamSpec
+from typing import ParamSpec, TypeVar
 
 import pandas as pd
 import streamlit as st
 from sqlalchemy import Engine
 from streamlit.errors import FragmentHandledException
 
-from planner.errors import KvscopeError
+from planner.errors import Forbidden, KvscopeError
 from storage import dashboards, queries
-from storage.access import Actor, Origin, Role
+from storage.access import Actor
 from storage.db import open_store
 from storage.schemas import AlertRow, EventRow, RunRow, TargetRow
 from storage.settings import Settings
@@ -39,32 +40,49 @@ WINDOWS: dict[str, float] = {
 
 
 P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def actor() -> Actor:
-    """Who is acting in this browser session: every guarded action is done as them.
-    Without sign-in (the console bound to loopback, one person on their own machine) that
-    is the local admin; a browser never owns the machine."""
-    return Actor("local", Role.ADMIN, Origin.CONSOLE)
+    """Who is acting in this browser session: every guarded action is done as them. Without
+    sign-in (the console bound to loopback, one person on their own machine) that is the
+    local admin; a browser never owns the machine."""
+    from app import auth
+
+    who, why = auth.current()
+    if who is None:
+        raise Forbidden(why or "sign in first")
+    return who
+
+
+# Every ASCII punctuation character may be backslash-escaped in CommonMark.
+_MARKDOWN = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md_text(text: object) -> str:
+    """`text` escaped for Streamlit's Markdown: what a target controls (model names, health
+    messages, error bodies) shows as typed, never as a link, an image or colour."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
 
 
 PAGE_FAILED = "Something went wrong on this page; the details are in the console's log."
 
 
-def error_boundary(render: Callable[P, None]) -> Callable[P, None]:
+def error_boundary(render: Callable[P, R]) -> Callable[P, R | None]:
     """The console's one error boundary, around every page (app/main.py) and every live
     panel (under `st.fragment`, which reruns without its page).
 
     A `KvscopeError` is for the user to act on: shown as is. Anything else is a bug: its
-    traceback goes to the console's log, the page shows one short line. `st.rerun()` and
+    traceback goes to the console's log, the page shows one short line (and None is
+    returned). `st.rerun()` and
     `st.stop()` raise Streamlit's BaseException-derived control flow, which `except
     Exception` never sees; a fragment's error Streamlit has already shown passes through.
     """
 
     @functools.wraps(render)
-    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
         try:
-            render(*args, **kwargs)
+            return render(*args, **kwargs)
         except KvscopeError as err:
             st.error(str(err))
         except FragmentHandledException:
@@ -72,6 +90,7 @@ def error_boundary(render: Callable[P, None]) -> Callable[P, None]:
         except Exception:
             log.exception("page %s.%s failed", render.__module__, render.__qualname__)
             st.error(PAGE_FAILED)
+        return None
 
     return guarded
 

@@ -1,18 +1,41 @@
-"""Streamlit entry point: page navigation. Run with `kvscope console` (or `kvscope up`).
+"""Streamlit entry point: sign-in, then page navigation. Run with `kvscope console` (or
+`kvscope up`).
 
 Every page renders through `common.error_boundary`, the console's one place that turns an
-exception into what a user sees.
+exception into what a user sees. `auth.gate` runs first: with sign-in on, nobody reaches a
+page before signing in.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from app import auth
 from app.common import error_boundary
-from app.views import alerts, cost, engine, live, overview, planner, probes, slos, tail, targets
+from app.views import (
+    alerts,
+    audit,
+    cost,
+    engine,
+    live,
+    overview,
+    planner,
+    probes,
+    slos,
+    tail,
+    targets,
+)
+from storage.access import Action, allowed
 
 st.set_page_config(page_title="kvscope", page_icon="📈", layout="wide")
 
+actor = error_boundary(auth.gate)()
+configure = [
+    st.Page(error_boundary(engine.render), title="Engine", url_path="engine"),
+    st.Page(error_boundary(targets.render), title="Targets", url_path="targets"),
+]
+if actor is not None and allowed(actor, Action.AUDIT_READ):
+    configure.append(st.Page(error_boundary(audit.render), title="Audit", url_path="audit"))
 pages = {
     "Monitor": [
         st.Page(
@@ -28,9 +51,8 @@ pages = {
         st.Page(error_boundary(slos.render), title="SLOs", url_path="slos"),
         st.Page(error_boundary(cost.render), title="Cost", url_path="cost"),
     ],
-    "Configure": [
-        st.Page(error_boundary(engine.render), title="Engine", url_path="engine"),
-        st.Page(error_boundary(targets.render), title="Targets", url_path="targets"),
-    ],
+    "Configure": configure,
 }
+if actor is None:  # the gate failed (the error is on the page): no pages
+    st.stop()
 st.navigation(pages).run()

@@ -9,6 +9,7 @@ Every driver failure on an engine made here leaves it as a `StorageError` subcla
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,6 +149,15 @@ def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
     return on_connect
 
 
+def _private_file(path: Path) -> None:
+    """The database file readable by this user only (SQLite gives -wal and -shm the same
+    mode); an existing file of ours is tightened."""
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    elif path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
 def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
     """Create an engine for `url`; for a SQLite file, create its folder and set pragmas."""
     if url.startswith("sqlite"):
@@ -155,7 +165,8 @@ def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any)
         if path and path != ":memory:":
             folder = Path(path).parent
             try:
-                folder.mkdir(parents=True, exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                _private_file(Path(path))
             except OSError as err:
                 raise DatabaseUnavailable(
                     f"cannot create the database folder {folder} ({err.strerror}): check "

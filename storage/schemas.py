@@ -234,3 +234,14 @@ class AlertRow(BaseModel):
     message: str
     acknowledged_by: str | None = None
     acknowledged_at: float | None = None
+
+
+class Lockout(BaseModel):
+    """How many wrong passwords within `window_s` lock a user name out, and for how long
+    (`KVSCOPE_SIGNIN_LOCKOUT__*`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_failures: int = Field(5, ge=1, le=100)
+    window_s: float = Field(900.0, gt=0)
+    lock_s: float = Field(900.0, gt=0)

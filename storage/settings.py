@@ -7,11 +7,12 @@ receives a `Settings` object and never reads the environment itself.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from storage.schemas import ProbeLimits, ScrapeLimits
+from storage.schemas import Lockout, ProbeLimits, ScrapeLimits
 
 
 class Retention(BaseModel):
@@ -58,7 +59,15 @@ class Settings(BaseSettings):
     worker_lease_s: float = Field(15.0, ge=6.0, le=600.0)
     alert_interval_s: float = Field(15.0, ge=1.0, le=600.0)
     retention: Retention = Field(default_factory=Retention)
+    # Bound to anything but loopback, the console needs sign-in (docs/access.md).
     console_host: str = "127.0.0.1"
+    session_ttl_s: float = Field(
+        12 * 3600.0, ge=60, le=30 * 86400, description="a password sign-in lasts this long"
+    )
+    signin_lockout: Lockout = Field(default_factory=Lockout)
+    oidc_default_role: Literal["viewer", "operator", "admin"] = Field(
+        "viewer", description="role of an OIDC user the users file does not name"
+    )
     console_port: int = Field(8501, ge=1, le=65535)
     engine_venv: Path = Field(
         default_factory=lambda: Path(__file__).resolve().parents[1] / ".engine-venv",
@@ -81,6 +90,20 @@ class Settings(BaseSettings):
             self.scrape = self.scrape.model_copy(update=given)
             self.scrape_interval_s = self.scrape_timeout_s = None
         return self
+
+    @property
+    def users_file(self) -> Path:
+        """Local users and their roles (`kvscope users ...`)."""
+        return self.data_dir / "users.json"
+
+    def private_data_dir(self) -> Path:
+        """The data directory, created readable by this user only (0700); an existing one
+        is tightened unless it is a shared folder such as /tmp (sticky bit)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mode = self.data_dir.stat().st_mode
+        if mode & 0o077 and not mode & 0o1000:
+            self.data_dir.chmod(0o700)
+        return self.data_dir
 
     @property
     def db_url(self) -> str:

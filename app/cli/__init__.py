@@ -2,7 +2,8 @@
 
 scrape (one /metrics)   targets (target ...)   engine (engine ...)   models (model ...)
 probe (probe ..., profile ...)   plan (plan)   export (export ...)   processes (worker,
-console, up)   _shared (settings, store, logging, output files).
+console, up)   users (users ...)   audit (audit export)   _shared (settings, store,
+logging, output files).
 
 `main()` is the one error boundary: a `KvscopeError` (bad input, or the world refused)
 becomes `error: <one line>` on stderr and exit 2; a usage mistake prints Click's usage
@@ -21,6 +22,7 @@ from typing import IO, Any, Protocol, cast
 
 import typer
 
+from app.cli.audit import audit_app
 from app.cli.engine import engine_app
 from app.cli.export import export_app
 from app.cli.models import model_app
@@ -29,6 +31,7 @@ from app.cli.probe import probe_app, profile_app
 from app.cli.processes import console, up, worker
 from app.cli.scrape import scrape as scrape_command
 from app.cli.targets import target_app
+from app.cli.users import users_app
 from planner.errors import KvscopeError
 
 app = typer.Typer(
@@ -44,6 +47,8 @@ app.add_typer(model_app, name="model")
 app.add_typer(probe_app, name="probe")
 app.add_typer(profile_app, name="profile")
 app.add_typer(export_app, name="export")
+app.add_typer(users_app, name="users")
+app.add_typer(audit_app, name="audit")
 app.command("plan")(plan_command)
 app.command("scrape")(scrape_command)
 app.command("worker")(worker)

@@ -40,7 +40,9 @@ def store() -> Engine:
     """The configured store, migrated on first open."""
     from storage.db import open_store
 
-    return open_store(settings().db_url)
+    config = settings()
+    config.private_data_dir()
+    return open_store(config.db_url)
 
 
 def log_setup(verbose: bool) -> None:

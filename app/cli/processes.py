@@ -45,10 +45,18 @@ def _console_argv(config: Settings) -> list[str]:
     ]
 
 
+def _refuse_open_console(config: Settings) -> None:
+    """Bound beyond loopback, the console needs sign-in: refused before anything starts."""
+    from storage.access.users import refuse_open_console, signin_mode
+
+    refuse_open_console(config.console_host, signin_mode(config.users_file))
+
+
 def console() -> None:
     """Run the Streamlit console in the foreground."""
     config = settings()
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_open_console(config)
+    config.private_data_dir()
     os.chdir(ROOT)  # Streamlit reads .streamlit/config.toml from the working directory
     os.execv(sys.executable, _console_argv(config))
 
@@ -81,7 +89,8 @@ def up(
 ) -> None:
     """Run worker and console together until Ctrl-C; both are stopped by PID on exit."""
     config = settings()
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_open_console(config)
+    config.private_data_dir()
     from storage.db import open_store
 
     store = open_store(config.db_url)  # migrate once, before two processes race to do it

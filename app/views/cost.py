@@ -80,8 +80,12 @@ def render() -> None:
     steps = _ladder()
     if st.button("Record this frame", key="cost_record") and inputs is not None:
         name = st.session_state.get("cost_name") or "default"
-        changes.save_cost_frame(common.store(), common.actor(), name, inputs["raw"], steps)
-        st.success(f"Recorded as {name!r}.")
+        try:
+            changes.save_cost_frame(common.store(), common.actor(), name, inputs["raw"], steps)
+        except KvscopeError as err:
+            st.error(str(err))
+        else:
+            st.success(f"Recorded as {name!r}.")
     st.text_input("Frame name", "default", key="cost_name")
     recorded = queries.cost_frames(common.store())
     if recorded:

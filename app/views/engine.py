@@ -78,7 +78,9 @@ def _status(name: str) -> None:
         help="the worker restarts a crashed engine only while it is wanted running",
     )
     if state.get("message"):
-        (st.error if status in ("crashed", "failed") else st.caption)(state["message"])
+        (st.error if status in ("crashed", "failed") else st.caption)(
+            common.md_text(state["message"])
+        )
     b = st.columns([1, 1, 1, 3])
     confirm = b[3].checkbox(
         "I know stop and restart interrupt every request in flight", key=f"confirm_{name}"
@@ -107,7 +109,7 @@ def _request_result() -> None:
     elif run.status == "done":
         st.success(f"{verb}: done")
     else:
-        st.error(f"{verb} failed: {run.error}")
+        st.error(f"{verb} failed: {common.md_text(run.error)}")
 
 
 def _prediction(spec: EngineSpec) -> dict[str, Any] | None:

@@ -68,12 +68,12 @@ def _panel() -> None:
         )
         down = [r for r in rows if r.health == "down"]
         for r in down:
-            st.error(f"**{r.name}** is down: {r.health_message}")
+            st.error(f"**{r.name}** is down: {common.md_text(r.health_message)}")
     for alert in common.open_alerts(url):
         show = {"critical": st.error, "warning": st.warning}.get(alert.severity, st.info)
         show(
             f"**{alert.rule}** on {alert.target}, for {common.age(alert.started_at)}: "
-            f"{alert.message}"
+            f"{common.md_text(alert.message)}"
         )
     st.caption(f"GPUs on the worker's host: {status.gpu_message}")
     if status.gpus:

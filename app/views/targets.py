@@ -82,7 +82,7 @@ def _add_form() -> None:
 def _target_panel(r: TargetRow) -> None:
     with st.expander(f"{r.name} · {r.health}"):
         if r.health_message:
-            (st.error if r.health == "down" else st.warning)(r.health_message)
+            (st.error if r.health == "down" else st.warning)(common.md_text(r.health_message))
         with st.form(f"edit_{r.id}"):
             new_name = st.text_input("Name", r.name)
             new_url = st.text_input("Base URL", r.base_url)
@@ -150,12 +150,12 @@ def _check_result() -> None:
     elif run.status == "done":
         s = run.summary
         st.success(
-            f"{name} answers as vLLM: model {s.get('model_name') or '?'}, KV usage "
+            f"{name} answers as vLLM: model {common.md_text(s.get('model_name') or '?')}, KV usage "
             f"{_pct(s.get('kv_usage'))}, {s.get('num_gpu_blocks') or '?'} KV blocks of "
             f"{s.get('block_size') or '?'} tokens."
         )
     else:
-        st.error(f"{name}: {run.error or run.status}")
+        st.error(f"{name}: {common.md_text(run.error or run.status)}")
 
 
 def _pct(v: object) -> str:

@@ -62,6 +62,7 @@ class Worker:
         store: Engine | None = None,
     ) -> None:
         self.settings = settings
+        settings.private_data_dir()
         self.store = store or open_store(settings.db_url)
         self.key = uuid.uuid4().hex
         self.started_at = time.time()

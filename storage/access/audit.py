@@ -170,3 +170,11 @@ def export_jsonl(store: Engine, out: TextIO, since: float = 0.0) -> int:
     for r in rows:
         out.write(json.dumps(r.__dict__, ensure_ascii=False, sort_keys=True) + "\n")
     return len(rows)
+
+
+def read(
+    store: Engine, actor: Actor, since: float = 0.0, limit: int | None = None
+) -> list[AuditRow]:
+    """Entries since `since`, newest first, for a person whose role may read the log."""
+    require(actor, Action.AUDIT_READ)
+    return entries(store, since, limit=limit)

@@ -16,8 +16,10 @@ def kvscope(
     env_dir: Path | None = None,
     timeout: float = 60,
     environ: Mapping[str, str] | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`kvscope ARGS` with KVSCOPE_DATA_DIR set to `env_dir` when given, `environ` added."""
+    """`kvscope ARGS` with KVSCOPE_DATA_DIR set to `env_dir` when given, `environ` added,
+    `stdin` as its input."""
     env = dict(os.environ) | dict(environ or {})
     if env_dir is not None:
         env["KVSCOPE_DATA_DIR"] = str(env_dir)
@@ -28,6 +30,7 @@ def kvscope(
         cwd=ROOT,
         env=env,
         timeout=timeout,
+        input=stdin,
     )
 
 
