@@ -76,6 +76,7 @@ def test_scrape_failures_exit_2_with_one_line(
 
 
 def test_target_add_list_remove(tmp_path: Path) -> None:
+    assert kvscope("hosts", "allow", "10.1.2.3", env_dir=tmp_path).returncode == 0
     assert (
         kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path).returncode == 0
     )
@@ -86,6 +87,21 @@ def test_target_add_list_remove(tmp_path: Path) -> None:
     gone = kvscope("target", "remove", "nope", env_dir=tmp_path)
     assert gone.returncode == 2 and "known targets: prod" in gone.stderr
     assert kvscope("target", "remove", "prod", env_dir=tmp_path).returncode == 0
+
+
+def test_a_target_may_not_leak_a_variable_or_reach_cloud_metadata(tmp_path: Path) -> None:
+    leak = kvscope(
+        "target", "add", "leak", "http://127.0.0.1:9", "--token-env", "HOME", env_dir=tmp_path
+    )
+    meta = kvscope("target", "add", "meta", "http://169.254.169.254", env_dir=tmp_path)
+    for res, reason in (
+        (leak, "token variable HOME must start with KVSCOPE_TOKEN_"),
+        (meta, "169.254.169.254 is a link-local or cloud metadata address"),
+    ):
+        assert res.returncode == 2 and res.stdout == ""
+        (line,) = res.stderr.strip().splitlines()
+        assert line.startswith("error: ") and reason in line
+    assert json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout) == []
 
 
 def test_engine_configure_show_and_refusals(tmp_path: Path) -> None:
