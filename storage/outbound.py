@@ -86,7 +86,7 @@ def check_token_env(name: str) -> None:
 
 
 def canonical_host(host: str) -> str:
-    """A host as compared: lower case, without IPv6 brackets, a zone or a trailing dot."""
+    """A host as compared: lower case, without IPv6 brackets or a trailing dot."""
     h = host.strip().lower()
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
