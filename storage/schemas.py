@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from planner.errors import InvalidInput, validation_message
+from planner.errors import InvalidInput, OutboundRefused, validation_message
+from storage.outbound import check_token_env
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
@@ -147,7 +148,13 @@ class TargetIn(BaseModel):
         if v in (None, ""):
             return None
         if not ENV_RE.match(v):
-            raise ValueError("token variable must be an environment variable name, e.g. VLLM_TOKEN")
+            raise ValueError(
+                "token variable must be an environment variable name, e.g. KVSCOPE_TOKEN_PROD"
+            )
+        try:
+            check_token_env(v)
+        except OutboundRefused as err:
+            raise ValueError(str(err)) from err
         return v
 
 
@@ -172,6 +179,16 @@ class TargetRow(BaseModel):
     cache_dtype: str | None
     cache_info: dict[str, Any]
     scrape: dict[str, float] = Field(default_factory=dict)
+
+
+class AllowedHostRow(BaseModel):
+    """An allowlist entry: from the `allowed_hosts` table, or from KVSCOPE_ALLOWED_HOSTS."""
+
+    pattern: str
+    source: str  # "table" or "setting"
+    note: str | None = None
+    added_by: str | None = None
+    added_at: float | None = None
 
 
 class EventRow(BaseModel):

@@ -7,11 +7,13 @@ receives a `Settings` object and never reads the environment itself.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from planner.errors import InvalidInput
+from storage.outbound import parse_entry
 from storage.schemas import Lockout, ProbeLimits, ScrapeLimits
 
 
@@ -77,9 +79,28 @@ class Settings(BaseSettings):
     embedded_kv_bytes: int = Field(
         16 * 1024 * 1024, ge=1 << 20, description="KV space of the embedded CPU engine"
     )
+    # Hosts and networks targets may point at beyond loopback, with those in the
+    # allowed_hosts table (`kvscope hosts allow`): KVSCOPE_ALLOWED_HOSTS=vllm.corp,10.0.0.0/8
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="comma-separated host names, addresses or CIDR networks"
+    )
     # Off for a plain `kvscope worker`: a worker sends traffic only when asked; `kvscope up`
     # turns it on for the embedded engine unless given --no-demo-load.
     demo_load: bool = Field(False, description="a light built-in load on the embedded engine")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, v: Any) -> Any:
+        # One comma-separated variable, not JSON: `a.corp, 10.0.0.0/8`.
+        return [p for p in v.split(",") if p.strip()] if isinstance(v, str) else v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            return tuple(dict.fromkeys(parse_entry(p).text for p in v))
+        except InvalidInput as err:
+            raise ValueError(f"KVSCOPE_ALLOWED_HOSTS: {err}") from err
 
     @model_validator(mode="after")
     def _resolve(self) -> Settings:

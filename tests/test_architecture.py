@@ -95,6 +95,11 @@ GUARDED_WRITES = {
     "restore_rules",
     "acknowledge_alert",
     "save_cost_frame",
+    "add_target",
+    "update_target",
+    "remove_target",
+    "allow_host",
+    "remove_allowed_host",
 }
 
 

@@ -2,8 +2,8 @@
 
 scrape (one /metrics)   targets (target ...)   engine (engine ...)   models (model ...)
 probe (probe ..., profile ...)   plan (plan)   export (export ...)   processes (worker,
-console, up)   users (users ...)   audit (audit export)   _shared (settings, store,
-logging, output files).
+console, up)   hosts (hosts ...: where targets may point)   users (users ...)
+audit (audit export)   _shared (settings, store, logging, output files).
 
 `main()` is the one error boundary: a `KvscopeError` (bad input, or the world refused)
 becomes `error: <one line>` on stderr and exit 2; a usage mistake prints Click's usage
@@ -25,6 +25,7 @@ import typer
 from app.cli.audit import audit_app
 from app.cli.engine import engine_app
 from app.cli.export import export_app
+from app.cli.hosts import hosts_app
 from app.cli.models import model_app
 from app.cli.plan import plan as plan_command
 from app.cli.probe import probe_app, profile_app
@@ -42,6 +43,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(target_app, name="target")
+app.add_typer(hosts_app, name="hosts")
 app.add_typer(engine_app, name="engine")
 app.add_typer(model_app, name="model")
 app.add_typer(probe_app, name="probe")

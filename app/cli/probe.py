@@ -40,7 +40,10 @@ TargetOpt = Annotated[
 ]
 TokenEnv = Annotated[
     str | None,
-    typer.Option("--token-env", help="with a URL: env variable holding a bearer token"),
+    typer.Option(
+        "--token-env",
+        help="with a URL: env variable holding a bearer token (its name starts KVSCOPE_TOKEN_)",
+    ),
 ]
 Model = Annotated[str | None, typer.Option(help="model name (default: the engine's first)")]
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
@@ -104,14 +107,16 @@ def run_cli_probe(
 
     config = settings()
     store = open_store(config.db_url)
+    allow = q.allowlist(store, config.allowed_hosts)
     if "://" in target:
         known = q.find_target_by_url(store, target)
-        where = Target.resolve(target, token_env)
+        where = Target.resolve(target, token_env, allow=allow)
     else:  # a stored target by name: its own address and token
         known = q.get_target(store, target)
         if token_env:
             raise InvalidInput("--token-env goes with a URL; a stored target has its own")
-        where = address(store, known)
+        where = address(store, known, allow)
+    where.check(where.base_url)  # a host off the allowlist: refused before a run is stored
     managed = bool(known and known.managed)
     run, params = begin_local_probe(
         store,

@@ -1,4 +1,5 @@
-"""`kvscope target ...`: attach, list and remove the engines the worker scrapes."""
+"""`kvscope target ...`: attach, list and remove the engines the worker scrapes, as guarded
+actions of the machine's owner (audited; a host off the allowlist is refused)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli._shared import store
+from app.cli._shared import owner, settings, store
 
 target_app = typer.Typer(help="Manage the engines kvscope scrapes.", no_args_is_help=True)
 
@@ -17,14 +18,22 @@ def target_add(
     name: Annotated[str, typer.Argument(help="a short unique name")],
     url: Annotated[str, typer.Argument(help="engine base URL, e.g. http://10.0.0.5:8000")],
     token_env: Annotated[
-        str | None, typer.Option(help="env variable holding a bearer token")
+        str | None,
+        typer.Option(
+            help="env variable holding a bearer token; its name starts KVSCOPE_TOKEN_ "
+            "(e.g. KVSCOPE_TOKEN_PROD), set in the worker's environment"
+        ),
     ] = None,
 ) -> None:
-    """Attach an external vLLM engine; the worker starts scraping it within a second."""
-    from storage import queries as q
+    """Attach an external vLLM engine; the worker starts scraping it within a second. Its
+    host must be loopback or allowed (`kvscope hosts allow HOST`)."""
+    from storage.access import targets
 
-    row = q.add_target(
-        store(), q.parse_target({"name": name, "base_url": url, "token_env": token_env})
+    row = targets.add_target(
+        store(),
+        owner(),
+        {"name": name, "base_url": url, "token_env": token_env},
+        settings().allowed_hosts,
     )
     typer.echo(f"added target {row.name} ({row.base_url})")
 
@@ -45,7 +54,7 @@ def target_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
 @target_app.command("remove")
 def target_remove(name: Annotated[str, typer.Argument()]) -> None:
     """Remove a target and its stored history."""
-    from storage import queries as q
+    from storage.access import targets
 
-    q.remove_target(store(), name)
+    targets.remove_target(store(), owner(), name)
     typer.echo(f"removed target {name}")

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from planner.errors import EngineError, InvalidInput, NotFound, validation_message
 from probes.engine.venv.tinymodel import TinyParams, command, is_complete
 from probes.vllm.client import Target
+from storage.outbound import LOOPBACK_ONLY, Allowlist
 from storage.schemas import NAME_RE, TargetRow
 from storage.settings import Settings
 
@@ -120,8 +121,9 @@ class EngineSpec(BaseModel):
 
     @property
     def target(self) -> Target:
-        """Where the engine answers, with the key it wants."""
-        return Target(self.base_url, self.api_key)
+        """Where the engine answers, with the key it wants; the address it listens on is
+        this machine's, so it is allowed (link-local and metadata still never are)."""
+        return Target(self.base_url, self.api_key, LOOPBACK_ONLY.plus(self.host))
 
     @property
     def served_name(self) -> str:
@@ -327,9 +329,10 @@ def build_tiny_model(
     return folder
 
 
-def address(store: Engine, target: TargetRow) -> Target:
+def address(store: Engine, target: TargetRow, allow: Allowlist) -> Target:
     """Where a stored target answers and with which token: a managed engine's key is in its
-    spec, an attached engine's in the variable the target names (read now)."""
+    spec, an attached engine's in the variable the target names (read now). Requests go
+    only where `allow` (the store's allowlist, `q.allowlist`) lets them."""
     from storage import queries as q  # the store's query layer, only when asked
 
     if target.managed:
@@ -337,4 +340,4 @@ def address(store: Engine, target: TargetRow) -> Target:
             return parse_spec(q.get_engine_spec(store, target.name)[0]).target
         except NotFound:
             pass  # a managed target whose spec was removed: its URL, no key
-    return Target.resolve(target.base_url, target.token_env)
+    return Target.resolve(target.base_url, target.token_env, allow=allow)

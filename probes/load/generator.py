@@ -290,6 +290,7 @@ class _Run:
         self.url = endpoint.url
         self.headers = {"content-type": "application/json", "accept-encoding": "identity"}
         self.headers |= endpoint.headers
+        self.extensions = dict(endpoint.extensions)  # the target's allowlist, at connect time
         self.timeout = httpx.Timeout(bounds.request_timeout_s)
         self.chat = endpoint.api == "chat"
         # `limit` stops the dispatch; `planned` is what progress counts towards (an estimate
@@ -338,6 +339,7 @@ class _Run:
                 body = self.endpoint.body(spec.prompt, spec.max_tokens)
                 async with self.client.stream(
                     "POST", self.url, content=body, headers=self.headers, timeout=self.timeout,
+                    extensions=self.extensions, follow_redirects=False,
                 ) as resp:  # fmt: skip
                     live.http_status = resp.status_code
                     if resp.status_code != 200:

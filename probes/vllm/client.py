@@ -6,6 +6,11 @@ and `/tokenize`; `Endpoint` is where the load generator sends completions. Both 
 target's bearer token on every request and turn transport failures into `TargetError`
 with a message a person can act on. The HTTP client underneath is injected, so tests hand
 in `httpx.MockTransport` or a loopback server.
+
+Every request obeys the target's allowlist (`storage.outbound`): a host off it is refused
+before anything is sent, redirects are never followed (so a token goes only to its
+target's host), and the lean transport connects only to addresses the allowlist accepts
+for that name (a name that resolves to a metadata address is refused at connect time).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from planner.errors import NotPrometheusText, TargetAuthError, TargetError
+from planner.errors import NotPrometheusText, OutboundRefused, TargetAuthError, TargetError
 from probes.vllm.metrics import ParsedScrape, parse_metrics
-from probes.vllm.transport import LeanTransport
+from probes.vllm.transport import RESOLVE, LeanTransport
+from storage.outbound import LOOPBACK_ONLY, Allowlist, check_token_env
 from storage.schemas import ScrapeLimits, normalize_base_url
 
 METRICS = "/metrics"
@@ -42,28 +48,50 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Target:
-    """Where an engine answers and the bearer token it wants (never printed)."""
+    """Where an engine answers, the bearer token it wants (never printed), and where
+    requests may go (loopback only, unless the caller hands the store's allowlist)."""
 
     base_url: str
     token: str | None = field(default=None, repr=False)
+    allow: Allowlist = field(default=LOOPBACK_ONLY, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
 
     @classmethod
     def resolve(
-        cls, base_url: str, token_env: str | None, environ: Mapping[str, str] | None = None
+        cls,
+        base_url: str,
+        token_env: str | None,
+        environ: Mapping[str, str] | None = None,
+        allow: Allowlist = LOOPBACK_ONLY,
     ) -> Target:
-        """A target whose token is read now from the named variable; unset is an error."""
+        """A target whose token is read now from the named variable: only a KVSCOPE_TOKEN_
+        one (so no other secret of the environment can be named), and unset is an error."""
         if not token_env:
-            return cls(base_url)
+            return cls(base_url, allow=allow)
+        check_token_env(token_env)
         token = (os.environ if environ is None else environ).get(token_env)
         if not token:
             raise TargetError(
                 f"the target needs a bearer token from ${token_env}, but that variable is not "
                 "set in this process' environment"
             )
-        return cls(base_url, token)
+        return cls(base_url, token, allow)
+
+    def check(self, url: str) -> None:
+        """OutboundRefused unless `url` is on the target's own host and that host is
+        allowed: nothing is sent, so a refusal says nothing of what is there."""
+        host = httpx.URL(url).host
+        if host != httpx.URL(self.base_url).host:
+            raise OutboundRefused(f"{url} is not on the target's host; nothing was sent")
+        self.allow.check(host)
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """What each request carries for the lean transport: how to resolve its host
+        within the allowlist."""
+        return {RESOLVE: resolver(self.allow)}
 
     @property
     def headers(self) -> dict[str, str]:
@@ -80,7 +108,8 @@ class Endpoint:
     """Where and how the load generator sends: `/v1/completions` or `/v1/chat/completions`.
 
     `ignore_eos` (a vLLM extension) makes answers exactly `max_tokens` long; `extra` is
-    merged into every body (temperature, ...); `headers` carry the target's token.
+    merged into every body (temperature, ...); `headers` carry the target's token and
+    `extensions` its allowlist (`Target.extensions`).
     """
 
     base_url: str
@@ -89,6 +118,7 @@ class Endpoint:
     ignore_eos: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    extensions: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -108,6 +138,21 @@ class Endpoint:
             req["ignore_eos"] = True
         req |= self.extra
         return json.dumps(req, separators=(",", ":")).encode()
+
+
+def resolver(allow: Allowlist) -> Callable[[str, int], Awaitable[list[str]]]:
+    """The lookup the lean transport connects with: every address a name resolves to must
+    pass the allowlist (one refused address refuses the name: it is not to be trusted),
+    and the transport connects to those addresses, never to a second lookup's."""
+
+    async def resolve(host: str, port: int) -> list[str]:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        for address in addresses:
+            allow.check_address(host, address)
+        return addresses
+
+    return resolve
 
 
 def tokenize_body(model: str, text: str, chat: bool) -> dict[str, Any]:
@@ -287,18 +332,38 @@ class AsyncVllmClient:
         return self.target.base_url
 
     def endpoint(self, model: str, api: Api = "completions") -> Endpoint:
-        """Where the load generator sends completions, with the target's token."""
-        return Endpoint(self.target.base_url, model, api=api, headers=self.target.headers)
+        """Where the load generator sends completions, with the target's token; refused
+        when the target's host is not allowed."""
+        self.target.check(self.target.base_url)
+        return Endpoint(
+            self.target.base_url,
+            model,
+            api=api,
+            headers=self.target.headers,
+            extensions=self.target.extensions,
+        )
+
+    def _request(self, url: str) -> dict[str, Any]:
+        """The arguments every request carries, once its URL passed the allowlist: the
+        token, the allowlist for the transport, and no redirect followed (the token would
+        go wherever it points)."""
+        self.target.check(url)
+        return {
+            "headers": self.target.headers,
+            "extensions": self.target.extensions,
+            "follow_redirects": False,
+        }
 
     async def metrics_text(
         self, timeout: float = CALL_TIMEOUT_S, limit: int = MAX_METRICS_BYTES
     ) -> str:
         """The metrics page, within `timeout` in all and at most `limit` bytes (decompressed)."""
         url = self.target.url(METRICS)
-        headers = self.target.headers | {"Accept-Encoding": "gzip", "Accept": "text/plain"}
+        req = self._request(url)
+        req["headers"] = req["headers"] | {"Accept-Encoding": "gzip", "Accept": "text/plain"}
         try:
             async with asyncio.timeout(timeout):
-                async with self.http.stream("GET", url, headers=headers, timeout=timeout) as resp:
+                async with self.http.stream("GET", url, timeout=timeout, **req) as resp:
                     if resp.status_code == 404:
                         raise TargetError(
                             f"{url} has no metrics endpoint (HTTP 404); is this a vLLM server?"
@@ -323,20 +388,20 @@ class AsyncVllmClient:
         return await asyncio.to_thread(parse_page, text, self.target.url(METRICS), limits)
 
     async def healthy(self, timeout: float = 5.0) -> bool:
-        """Whether the health endpoint answers 200 within `timeout`."""
+        """Whether the health endpoint answers 200 within `timeout` (a host the allowlist
+        refuses never does)."""
+        url = self.target.url(HEALTH)
         try:
             async with asyncio.timeout(timeout):
-                resp = await self.http.get(
-                    self.target.url(HEALTH), headers=self.target.headers, timeout=timeout
-                )
-        except (httpx.HTTPError, TimeoutError):
+                resp = await self.http.get(url, timeout=timeout, **self._request(url))
+        except (httpx.HTTPError, TimeoutError, OutboundRefused):
             return False
         return resp.status_code == 200
 
     async def _get_json(self, url: str, timeout: float) -> httpx.Response:
         try:
             async with asyncio.timeout(timeout):
-                resp = await self.http.get(url, headers=self.target.headers, timeout=timeout)
+                resp = await self.http.get(url, timeout=timeout, **self._request(url))
                 await resp.aread()
         except TimeoutError as err:
             raise _timed_out(url, timeout) from err
@@ -364,8 +429,8 @@ class AsyncVllmClient:
                 resp = await self.http.post(
                     url,
                     json=tokenize_body(model, text, chat),
-                    headers=self.target.headers,
                     timeout=CALL_TIMEOUT_S,
+                    **self._request(url),
                 )
         except TimeoutError as err:
             raise _timed_out(url, CALL_TIMEOUT_S) from err

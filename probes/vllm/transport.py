@@ -5,19 +5,25 @@ response and walks its whole pool on every request, so one core tops out near 70
 with a TTFT overhead above 1 ms; this transport holds about 2000/s at 0.6 ms
 (`python -m benchmarks.loadgen --transport httpx` measures the default for comparison).
 It does only what a load generator needs: keep-alive, chunked and content-length bodies,
-TLS, and a retry when a kept-alive connection was closed.
+TLS, and a retry when a kept-alive connection was closed. It never follows a redirect.
+
+A request may carry `extensions[RESOLVE]`, an async `(host, port) -> addresses`: the
+transport then connects only to those addresses (the vLLM client's allowlist check, so a
+name cannot resolve to one address when checked and to another when connected).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import httpx
 
 T = TypeVar("T")
+RESOLVE = "kvscope.resolve"
+Resolve = Callable[[str, int], Awaitable[list[str]]]
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -90,13 +96,17 @@ class LeanTransport(httpx.AsyncBaseTransport):
         https: bool,
         timeout: float | None,
     ) -> _Conn:
+        resolve: Resolve | None = request.extensions.get(RESOLVE)
         try:
-            reader, writer = await _timed(
-                asyncio.open_connection(
-                    key[1], key[2], ssl=self._ssl if https else None, limit=1 << 20
-                ),
-                timeout,
-            )
+            if resolve is None:
+                reader, writer = await _timed(
+                    asyncio.open_connection(
+                        key[1], key[2], ssl=self._ssl if https else None, limit=1 << 20
+                    ),
+                    timeout,
+                )
+            else:
+                reader, writer = await _timed(self._open_resolved(resolve, key, https), timeout)
         except TimeoutError as err:
             raise httpx.ConnectTimeout(
                 f"no connection within {timeout} s", request=request
@@ -104,6 +114,26 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except OSError as err:
             raise httpx.ConnectError(str(err) or type(err).__name__, request=request) from err
         return _Conn(reader, writer, key)
+
+    async def _open_resolved(
+        self, resolve: Resolve, key: tuple[bytes, str, int], https: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the first address `resolve` gives that answers (TLS still checks the
+        name); what `resolve` raises (a refusal) goes to the caller as is."""
+        host, port = key[1], key[2]
+        last: OSError | None = None
+        for address in await resolve(host, port):
+            try:
+                return await asyncio.open_connection(
+                    address,
+                    port,
+                    ssl=self._ssl if https else None,
+                    server_hostname=host if https else None,
+                    limit=1 << 20,
+                )
+            except OSError as err:
+                last = err
+        raise last or OSError(f"{host} resolves to no address")
 
     def _response(
         self, request: httpx.Request, conn: _Conn, head: bytes, read_timeout: float | None

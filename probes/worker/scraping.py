@@ -31,6 +31,7 @@ from probes.vllm.metrics import ParsedScrape, summarize
 from probes.vllm.transport import LeanTransport
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
+from storage.outbound import Allowlist
 from storage.schemas import ScrapeLimits, TargetRow
 from storage.settings import Settings
 
@@ -81,6 +82,8 @@ class TargetScraper:
         self.transport = transport
         self.writer = SampleWriter(store)
         self.paused: str | None = None  # why ingest is paused (a nearly full disk), if it is
+        # Where targets may point: refreshed with every target sync, and before a check.
+        self.allow: Allowlist = Allowlist.of(settings.allowed_hosts)
         self._states: dict[int, _TargetState] = {}
         self._lock = threading.Lock()
 
@@ -94,11 +97,18 @@ class TargetScraper:
         return self.settings.scrape.merged(target.scrape)
 
     def address(self, target: TargetRow) -> Target:
-        """Where the target answers, with its token read now."""
-        return address(self.store, target)
+        """Where the target answers, with its token read now, within the allowlist."""
+        return address(self.store, target, self.allow)
+
+    def refresh_allowlist(self) -> Allowlist:
+        """Read the allowlist again (the setting's entries and the table's)."""
+        self.allow = q.allowlist(self.store, self.settings.allowed_hosts)
+        return self.allow
 
     def check(self, target: TargetRow) -> dict[str, Any]:
-        """Scrape once without storing; a summary of what the target serves."""
+        """Scrape once without storing; a summary of what the target serves. The allowlist
+        is read first, so a host allowed a moment ago is checked."""
+        self.refresh_allowlist()
         limits = self.limits(target)
         client = VllmClient(self.address(target), self.transport)
         return summarize(client.scrape(limits.deadline_s, limits))

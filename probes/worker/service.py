@@ -251,8 +251,10 @@ class Worker:
     # -- keeping jobs in step with their tables ----------------------------------------------
 
     def sync_targets(self) -> None:
-        """Scrape the enabled targets as they are now; forget removed or disabled ones."""
+        """Scrape the enabled targets as they are now, within the allowlist as it is now;
+        forget removed or disabled ones."""
         self._synced_at = time.monotonic()
+        self.scraper.refresh_allowlist()
         for tid in self.scrapes.sync(q.list_targets(self.store, enabled_only=True)):
             self.scraper.forget(tid)
 

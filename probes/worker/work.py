@@ -112,7 +112,7 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     outcome = StoredRun(work.store, run.id, stop=work.stopping).run(
         get_kind(run.kind),
         params,
-        address(work.store, target),
+        address(work.store, target, work.scraper.refresh_allowlist()),
         managed=target.managed,
         spec=manager.spec if manager else None,
         model=target.model_name,

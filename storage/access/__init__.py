@@ -2,7 +2,8 @@
 actions that are the console's and the CLI's only way to change state.
 
 roles (`Role`, `Origin`, `Actor`, `Action`, what each action needs), audit (`guarded`,
-masking of secrets, reading and exporting the log). May import `planner` (errors) and the
+masking of secrets, reading and exporting the log), changes (SLOs, cost frames), targets
+(targets and allowed hosts: where requests may go). May import `planner` (errors) and the
 rest of `storage`.
 """
 

@@ -5,8 +5,8 @@ targets (engines scraped, their health)   events (what happened)   series (store
 raw or rolled up)   runs (the work queue)   state (facts the worker publishes)
 engines (managed engine specs)   schedules (probe schedules, workload profiles)
 records (requests probes sent, with their latencies)   alerts (SLOs, alert rules, alerts)
-costs (cost frames)   leases (which process is the worker). Every query is re-exported
-here: `from storage import queries as q`.
+costs (cost frames)   hosts (the allowed hosts, the allowlist)   leases (which process is
+the worker). Every query is re-exported here: `from storage import queries as q`.
 """
 
 from storage.queries.alerts import (
@@ -33,6 +33,12 @@ from storage.queries.engines import (
     set_desired_state,
 )
 from storage.queries.events import events, record_event
+from storage.queries.hosts import (
+    allow_host,
+    allowlist,
+    list_allowed_hosts,
+    remove_allowed_host,
+)
 from storage.queries.leases import LeaseRow, acquire_lease, get_lease, release_lease, renew_lease
 from storage.queries.records import add_latency_columns, run_records, target_records
 from storage.queries.runs import (
@@ -85,6 +91,8 @@ __all__ = [
     "add_schedule",
     "add_target",
     "alerts",
+    "allow_host",
+    "allowlist",
     "cancel_run",
     "claim_next_run",
     "cost_frames",
@@ -100,6 +108,7 @@ __all__ = [
     "get_state",
     "get_target",
     "interrupt_running",
+    "list_allowed_hosts",
     "list_engine_specs",
     "list_rules",
     "list_runs",
@@ -112,6 +121,7 @@ __all__ = [
     "queued_count",
     "record_event",
     "release_lease",
+    "remove_allowed_host",
     "remove_rule",
     "remove_schedule",
     "remove_slo",

@@ -12,14 +12,14 @@ from tests.support.cli import kvscope
 from tests.support.fake_vllm import FakeVllm, serve
 
 
-def test_scrape_once_json_prints_canonical_values() -> None:
+def test_scrape_once_json_prints_canonical_values(tmp_path: Path) -> None:
     fake = FakeVllm(
         kv_usage=0.375, running=2, waiting=1, preemptions=3, prompt_tokens=40, generation_tokens=70
     )
     fake.ttft.observe(0.015, 99)
     fake.ttft.observe(3.0, 1)
     with serve(fake) as url:
-        res = kvscope("scrape", url, "--once", "--json")
+        res = kvscope("scrape", url, "--once", "--json", env_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert {
@@ -56,15 +56,19 @@ def test_scrape_once_json_prints_canonical_values() -> None:
         ("http://127.0.0.1:9", "cannot connect to http://127.0.0.1:9/metrics"),
         ("ftp://example.com", "must start with http:// or https://"),
         ("<html>", "HTML/XML page, not Prometheus metrics text"),
+        ("http://169.254.169.254", "169.254.169.254 is a link-local or cloud metadata address"),
+        ("http://10.9.8.7:8000", "10.9.8.7 is not an allowed host"),
     ],
 )
-def test_scrape_failures_exit_2_with_one_line(url_or_body: str, message: str) -> None:
+def test_scrape_failures_exit_2_with_one_line(
+    url_or_body: str, message: str, tmp_path: Path
+) -> None:
     if url_or_body.startswith("<"):
         fake = FakeVllm(body_override="<html><body>login</body></html>")
         with serve(fake) as url:
-            res = kvscope("scrape", url, "--once", "--json")
+            res = kvscope("scrape", url, "--once", "--json", env_dir=tmp_path)
     else:
-        res = kvscope("scrape", url_or_body, "--once", "--json")
+        res = kvscope("scrape", url_or_body, "--once", "--json", env_dir=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("error: ")
@@ -72,6 +76,7 @@ def test_scrape_failures_exit_2_with_one_line(url_or_body: str, message: str) ->
 
 
 def test_target_add_list_remove(tmp_path: Path) -> None:
+    assert kvscope("hosts", "allow", "10.1.2.3", env_dir=tmp_path).returncode == 0
     assert (
         kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path).returncode == 0
     )
@@ -82,6 +87,21 @@ def test_target_add_list_remove(tmp_path: Path) -> None:
     gone = kvscope("target", "remove", "nope", env_dir=tmp_path)
     assert gone.returncode == 2 and "known targets: prod" in gone.stderr
     assert kvscope("target", "remove", "prod", env_dir=tmp_path).returncode == 0
+
+
+def test_a_target_may_not_leak_a_variable_or_reach_cloud_metadata(tmp_path: Path) -> None:
+    leak = kvscope(
+        "target", "add", "leak", "http://127.0.0.1:9", "--token-env", "HOME", env_dir=tmp_path
+    )
+    meta = kvscope("target", "add", "meta", "http://169.254.169.254", env_dir=tmp_path)
+    for res, reason in (
+        (leak, "token variable HOME must start with KVSCOPE_TOKEN_"),
+        (meta, "169.254.169.254 is a link-local or cloud metadata address"),
+    ):
+        assert res.returncode == 2 and res.stdout == ""
+        (line,) = res.stderr.strip().splitlines()
+        assert line.startswith("error: ") and reason in line
+    assert json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout) == []
 
 
 def test_engine_configure_show_and_refusals(tmp_path: Path) -> None:

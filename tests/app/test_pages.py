@@ -46,7 +46,10 @@ def test_pages_without_targets_say_what_to_do(store: Engine) -> None:
         assert any("No targets yet" in i.value for i in at.info)
 
 
-def test_targets_page_adds_and_refuses_bad_input(store: Engine) -> None:
+def test_targets_page_adds_and_refuses_bad_input(
+    store: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVSCOPE_ALLOWED_HOSTS", "10.0.0.0/8")
     at = run_page("targets")
     at.text_input[0].input("bad name!")
     at.text_input[1].input("http://10.0.0.1:8000")

@@ -16,16 +16,19 @@ import pytest
 
 from planner.errors import NotPrometheusText, TargetAuthError, TargetError
 from probes.vllm.client import AsyncVllmClient, Target, VllmClient
+from storage.outbound import Allowlist
 from tests.support.fake_openai import FakeConfig, serve
 
 GOOD = 'vllm:num_requests_running{model_name="m"} 2.0\n'
+# The stand-in hosts of the MockTransport cases, allowed as an admin would allow them.
+MOCK_HOSTS = Allowlist.of(["e", "engine"])
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _client(
     handler: httpx.MockTransport, url: str = "http://e", token: str | None = None
 ) -> VllmClient:
-    return VllmClient(Target(url, token), handler)
+    return VllmClient(Target(url, token, MOCK_HOSTS), handler)
 
 
 class _Body(httpx.AsyncByteStream):
@@ -113,13 +116,13 @@ def test_bearer_token_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPa
         seen.append(req.headers.get("Authorization"))
         return _response(200, GOOD.encode())
 
-    monkeypatch.setenv("MY_VLLM_TOKEN", "s3cret")
-    target = Target.resolve("http://e", "MY_VLLM_TOKEN")
+    monkeypatch.setenv("KVSCOPE_TOKEN_VLLM", "s3cret")
+    target = Target.resolve("http://e", "KVSCOPE_TOKEN_VLLM", allow=MOCK_HOSTS)
     VllmClient(target, httpx.MockTransport(handler)).scrape()
     assert seen == ["Bearer s3cret"]
     assert "s3cret" not in repr(target)  # never printed
-    with pytest.raises(TargetError, match=r"\$NOPE_TOKEN, but that variable is not set"):
-        Target.resolve("http://e", "NOPE_TOKEN", environ={})
+    with pytest.raises(TargetError, match=r"\$KVSCOPE_TOKEN_NOPE, but that variable is not set"):
+        Target.resolve("http://e", "KVSCOPE_TOKEN_NOPE", environ={})
 
 
 def test_every_call_carries_the_token_to_a_protected_engine() -> None:
