@@ -66,7 +66,7 @@ def _prepare_embedded(config: Settings, store: Engine) -> None:
     except KvscopeError:
         spec = embedded_spec(config)
         q.save_engine_spec(store, spec.name, spec.model_dump())
-    q.set_desired_state(store, spec.name, "running")
+    q.mark_started(store, spec.name, spec.model_dump())  # wanted running: the worker starts it
     for problem in preflight(spec):
         typer.echo(f"warning: the embedded engine may not start: {problem}", err=True)
 
