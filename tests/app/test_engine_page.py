@@ -84,14 +84,14 @@ def test_the_environment_is_edited_as_key_value_items(store: Engine, settings: S
     at = run_page("engine")
     env = next(t for t in at.text_input if t.label == "Environment")
     assert env.value == "VLLM_ENABLE_V1_MULTIPROCESSING=0"
-    env.set_value("VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 NOTE='two words'")
+    env.set_value("VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 OMP_PLACES='{0,1}'")
     next(b for b in at.button if b.label == "Save spec").click().run()
     assert not at.error and at.success[0].value.startswith("Saved.")
     saved, _ = q.get_engine_spec(store, "embedded")
     assert saved["env"] == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "OMP_NUM_THREADS": "1",
-        "NOTE": "two words",
+        "OMP_PLACES": "{0,1}",
     }
     # A malformed item is refused by name and the stored environment is kept.
     env = next(t for t in at.text_input if t.label == "Environment")
