@@ -95,6 +95,9 @@ GUARDED_WRITES = {
     "restore_rules",
     "acknowledge_alert",
     "save_cost_frame",
+    "save_engine_spec",
+    "set_desired_state",
+    "mark_started",
 }
 
 

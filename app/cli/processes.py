@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.cli._shared import ROOT, log_setup, settings
+from app.cli._shared import ROOT, log_setup, owner, settings
 from planner.errors import KvscopeError
 from storage.settings import Settings
 
@@ -54,7 +54,9 @@ def console() -> None:
 
 
 def _prepare_embedded(config: Settings, store: Engine) -> None:
-    """Build the tiny model once and store the default CPU engine spec, wanted running."""
+    """Build the tiny model once, store the default CPU engine spec unless one is stored
+    (as the machine's owner), and want it running: the worker starts it."""
+    from probes.engine import changes
     from probes.engine.spec import build_tiny_model, embedded_spec, parse_spec, preflight
     from storage import queries as q
 
@@ -64,10 +66,10 @@ def _prepare_embedded(config: Settings, store: Engine) -> None:
         data, _ = q.get_engine_spec(store, "embedded")
         spec = parse_spec(data)
     except KvscopeError:
-        spec = embedded_spec(config)
-        q.save_engine_spec(store, spec.name, spec.model_dump())
-    q.mark_started(store, spec.name, spec.model_dump())  # wanted running: the worker starts it
-    for problem in preflight(spec):
+        default = embedded_spec(config).model_dump()
+        spec = changes.configure_engine(store, owner(), default, config.data_dir)
+    changes.keep_running(store, owner(), spec.name)
+    for problem in preflight(spec, data_dir=config.data_dir):
         typer.echo(f"warning: the embedded engine may not start: {problem}", err=True)
 
 
