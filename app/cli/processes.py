@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from app.cli._shared import ROOT, log_setup, owner, settings
-from planner.errors import KvscopeError
+from planner.errors import KvscopeError, NotFound
 from storage.settings import Settings
 
 if TYPE_CHECKING:
@@ -65,7 +65,9 @@ def _prepare_embedded(config: Settings, store: Engine) -> None:
     try:
         data, _ = q.get_engine_spec(store, "embedded")
         spec = parse_spec(data)
-    except KvscopeError:
+    except KvscopeError as err:
+        if not isinstance(err, NotFound):
+            typer.echo(f"warning: the stored embedded spec is replaced by the default: {err}")
         default = embedded_spec(config).model_dump()
         spec = changes.configure_engine(store, owner(), default, config.data_dir)
     changes.keep_running(store, owner(), spec.name)

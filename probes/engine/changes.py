@@ -122,18 +122,15 @@ def request_engine(
     runs the spec saved now (carried in the request); from a browser, stop and restart need
     the engine's name typed in `confirm`."""
     with guarded(store, actor, ACTIONS[verb], name, {"confirm": confirm}):
-        spec = stored_spec(store, name)
-        if spec is None:
-            q.get_engine_spec(store, name)  # NotFound with the known names
-            raise NotFound(f"no engine spec named {name!r}")
+        saved, _ = q.get_engine_spec(store, name)  # NotFound with the known names
         if verb != "start" and actor.origin is Origin.CONSOLE and (confirm or "").strip() != name:
             raise InvalidInput(
                 f"{verb} interrupts every request engine {name} serves: type the engine's "
                 f"name ({name}) to confirm"
             )
         params: dict[str, Any] = {"name": name}
-        if verb != "stop":
-            params["spec"] = spec.model_dump()
+        if verb != "stop":  # a stop needs no valid spec: it must work whatever is saved
+            params["spec"] = parse_spec(saved).model_dump()
         return q.request_run(store, f"engine_{verb}", params, requested_by=str(actor))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine
 
+from planner.errors import InvalidInput
 from probes.engine.manager import EngineManager
 from probes.engine.spec import EngineSpec, parse_spec
 from storage import queries as q
@@ -34,6 +35,7 @@ class EngineRegistry(Mapping[str, EngineManager]):
         self.data_dir = data_dir
         self.transport = transport
         self._managers: dict[str, EngineManager] = {}
+        self._refusals: dict[str, str] = {}  # engines whose spec is refused, and why (said once)
         # Jobs, run handlers and the main loop ask at once; one manager per engine, always.
         self._lock = threading.Lock()
 
@@ -52,7 +54,14 @@ class EngineRegistry(Mapping[str, EngineManager]):
         started); a manager whose engine is down takes the new spec."""
         if spec is None:
             saved, _ = q.get_engine_spec(self.store, name)
-            spec = parse_spec(q.get_started_spec(self.store, name) or saved)
+            try:
+                spec = parse_spec(q.get_started_spec(self.store, name) or saved)
+            except InvalidInput:
+                if name not in self._managers:
+                    raise
+                # A stored spec this kvscope refuses (written by an earlier one): the
+                # manager keeps what it runs, so the engine can still be stopped.
+                return self._managers[name]
         with self._lock:
             manager = self._managers.get(name)
             if manager is None:
@@ -80,9 +89,27 @@ class EngineRegistry(Mapping[str, EngineManager]):
                 log.exception("could not adopt or clean up engine %s", name)
 
     def supervise(self) -> None:
-        """One supervision pass over every stored engine."""
+        """One supervision pass over every stored engine; one whose spec is refused is said
+        once (an event), and the others are still supervised."""
         for name, desired in self._wanted():
-            self.manager(name).poll(desired)
+            try:
+                manager = self.manager(name)
+            except InvalidInput as err:
+                self._refused(name, str(err))
+                continue
+            self._refusals.pop(name, None)
+            manager.poll(desired)
+
+    def _refused(self, name: str, why: str) -> None:
+        if self._refusals.get(name) == why:
+            return
+        self._refusals[name] = why
+        q.record_event(
+            self.store,
+            "engine_spec_refused",
+            f"engine {name} is not supervised: its stored spec is refused: {why}",
+            severity="error",
+        )
 
     def stop_all(self, keep: bool = False) -> None:
         """Stop every engine, or with `keep` leave them running unwatched (a crashed worker)."""

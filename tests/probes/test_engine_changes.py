@@ -263,6 +263,25 @@ def test_keep_running_is_the_owners_start_for_the_next_worker(
     assert q.get_engine_spec(store, "fake")[1] == "running"
 
 
+def test_a_spec_an_earlier_kvscope_stored_can_be_stopped_not_started(
+    store: Engine, saved: dict[str, Any], registry: EngineRegistry
+) -> None:
+    legacy = saved | {"env": {"VLLM_API_KEY": "k-from-before"}}
+    q.save_engine_spec(store, "old", legacy | {"name": "old"})
+    q.mark_started(store, "old", legacy | {"name": "old"})
+    with pytest.raises(InvalidInput, match="VLLM_API_KEY: looks like a secret"):
+        changes.start_engine(store, OWNER, "old")
+    assert changes.stop_engine(store, OWNER, "old").params == {"name": "old"}
+    # Supervision says so once, and goes on with the other engines.
+    changes.keep_running(store, OWNER, "fake")
+    for _ in range(3):
+        registry.supervise()
+    refused = q.events(store, 0, time.time() + 1, kinds=["engine_spec_refused"])
+    assert len(refused) == 1 and "engine old is not supervised" in refused[0].message
+    assert "k-from-before" not in refused[0].message
+    assert "fake" in registry and "old" not in registry
+
+
 def test_docs_name_every_variable_and_flag_the_allowlists_hold() -> None:
     from probes.engine.allowlists import ENV, FIELD_FLAGS, FLAGS, KVSCOPE_SETS
 
