@@ -72,7 +72,7 @@ def one_run(measure_s: float) -> dict[str, Any]:
     store = open_store(settings.db_url)
     spec = embedded_spec(settings)
     q.save_engine_spec(store, spec.name, spec.model_dump())
-    q.set_desired_state(store, spec.name, "running")
+    q.mark_started(store, spec.name, spec.model_dump())  # wanted running, as `kvscope up` does
     env = {
         "KVSCOPE_SCRAPE_INTERVAL_S": "1",
         "KVSCOPE_EMBEDDED_PORT": str(settings.embedded_port),

@@ -84,6 +84,7 @@ def test_no_module_but_init_lies_directly_in_probes() -> None:
 # Writes that change what a team shares: the console and the CLI make them only through the
 # guarded actions (role checked, audited), never by calling the query directly.
 GUARDED_WRITES = {
+    "request_run",
     "cancel_run",
     "add_schedule",
     "remove_schedule",
@@ -100,6 +101,9 @@ GUARDED_WRITES = {
     "remove_target",
     "allow_host",
     "remove_allowed_host",
+    "save_engine_spec",
+    "set_desired_state",
+    "mark_started",
 }
 
 

@@ -131,7 +131,9 @@ def run_cli_probe(
     if known is not None and known.managed:
         from probes.engine.spec import parse_spec
 
-        spec = parse_spec(q.get_engine_spec(store, known.name)[0])
+        # What runs: the spec as last started (a saved edit waits for a restart).
+        started = q.get_started_spec(store, known.name)
+        spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
     runner = StoredRun(store, run.id, on_progress=_Bar())
     try:
         outcome = runner.run(kind, params, where, model=model, managed=managed, spec=spec)

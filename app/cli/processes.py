@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.cli._shared import ROOT, log_setup, settings
-from planner.errors import KvscopeError
+from app.cli._shared import ROOT, log_setup, owner, settings
+from planner.errors import KvscopeError, NotFound
 from storage.settings import Settings
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ def console() -> None:
 
 
 def _prepare_embedded(config: Settings, store: Engine) -> None:
-    """Build the tiny model once and store the default CPU engine spec, wanted running."""
+    """Build the tiny model once, store the default CPU engine spec unless one is stored
+    (as the machine's owner), and want it running: the worker starts it."""
+    from probes.engine import changes
     from probes.engine.spec import build_tiny_model, embedded_spec, parse_spec, preflight
     from storage import queries as q
 
@@ -71,11 +73,13 @@ def _prepare_embedded(config: Settings, store: Engine) -> None:
     try:
         data, _ = q.get_engine_spec(store, "embedded")
         spec = parse_spec(data)
-    except KvscopeError:
-        spec = embedded_spec(config)
-        q.save_engine_spec(store, spec.name, spec.model_dump())
-    q.set_desired_state(store, spec.name, "running")
-    for problem in preflight(spec):
+    except KvscopeError as err:
+        if not isinstance(err, NotFound):
+            typer.echo(f"warning: the stored embedded spec is replaced by the default: {err}")
+        default = embedded_spec(config).model_dump()
+        spec = changes.configure_engine(store, owner(), default, config.data_dir)
+    changes.keep_running(store, owner(), spec.name)
+    for problem in preflight(spec, data_dir=config.data_dir):
         typer.echo(f"warning: the embedded engine may not start: {problem}", err=True)
 
 

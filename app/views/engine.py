@@ -1,7 +1,11 @@
 """Engine page: the managed vLLM engine's spec, command, lifecycle, log, and what it allocated.
 
-Start, stop and restart are requests the worker carries out; the page shows their progress.
-The KV facts vLLM logged at startup stand beside the planner's prediction for the same spec.
+Start, stop and restart are requests the worker carries out (an operator's; stop and restart
+need the engine's name typed); the page shows their progress. The form edits a stored spec
+within the allowlists (an admin's); what only the machine's owner sets is shown, not edited.
+A saved change applies at the next start or restart; the page says when the saved spec is
+not what runs. Secrets are masked. The KV facts vLLM logged at startup stand beside the
+planner's prediction for the same spec.
 """
 
 from __future__ import annotations
@@ -18,8 +22,19 @@ from app import common
 from planner.errors import KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
-from probes.engine.spec import DTYPES, KV_DTYPES, EngineSpec, parse_env_items, parse_spec
+from probes.engine import changes
+from probes.engine.allowlists import anyones_part, owners_part
+from probes.engine.spec import (
+    DTYPES,
+    KV_DTYPES,
+    EngineSpec,
+    mask_command,
+    parse_env_items,
+    parse_spec,
+    spec_differences,
+)
 from storage import dashboards, queries
+from storage.access import Action, allowed, mask
 
 
 def render() -> None:
@@ -41,15 +56,17 @@ def render() -> None:
     try:
         spec = parse_spec(view.spec)
     except KvscopeError as err:
-        st.error(f"The stored spec is invalid: {err}")
+        st.error(f"The stored spec is invalid: {mask(str(err))}")
         return
     _facts(spec, view)
     st.subheader("Command")
     st.caption(
-        "Exactly what the worker runs (environment, then argv); copy it to run the engine by hand."
+        "Exactly what the worker runs for the saved spec (environment, then argv; a secret "
+        "as a reference to the variable it is read from); copy it to run the engine by hand."
     )
     run_dir = common.settings().data_dir / "engines" / name
-    st.code(spec.command_line(run_dir), language="bash", wrap_lines=True)
+    st.code(mask_command(spec.command_line(run_dir)), language="bash", wrap_lines=True)
+    _owners(spec)
     _form(spec)
 
 
@@ -79,23 +96,57 @@ def _status(name: str) -> None:
     )
     if state.get("message"):
         (st.error if status in ("crashed", "failed") else st.caption)(
-            common.md_text(state["message"])
+            common.md_text(mask(state["message"]))
         )
+    _applies(view, status)
+    who = common.actor()
+    can = allowed(who, Action.ENGINE_START)
     b = st.columns([1, 1, 1, 3])
-    confirm = b[3].checkbox(
-        "I know stop and restart interrupt every request in flight", key=f"confirm_{name}"
+    typed = b[3].text_input(
+        f"Type the engine's name ({name}) to stop or restart",
+        key=f"confirm_{name}",
+        help="stop and restart interrupt every request in flight",
+        disabled=not can,
     )
-    for col, label, kind, needs in (
-        (b[0], "Start", "engine_start", False),
-        (b[1], "Stop", "engine_stop", True),
-        (b[2], "Restart", "engine_restart", True),
-    ):
-        if col.button(label, key=f"{kind}_{name}", disabled=needs and not confirm):
-            run = queries.request_run(common.store(), kind, {"name": name})
-            st.session_state["engine_run"] = run.id
+    buttons: tuple[tuple[Any, str, changes.Verb, bool], ...] = (
+        (b[0], "Start", "start", False),
+        (b[1], "Stop", "stop", True),
+        (b[2], "Restart", "restart", True),
+    )
+    for col, label, verb, needs in buttons:
+        if col.button(
+            label,
+            key=f"engine_{verb}_{name}",
+            disabled=not can or (needs and typed.strip() != name),
+            help=None if can else "starting, stopping and restarting need an operator",
+        ):
+            try:
+                run = changes.request_engine(common.store(), who, verb, name, typed)
+            except KvscopeError as err:
+                st.error(str(err))
+            else:
+                st.session_state["engine_run"] = run.id
     _request_result()
     with st.expander("Log (last lines)", expanded=status in ("crashed", "failed", "starting")):
-        st.code("\n".join(view.log_lines[-80:]) or "(no output yet)", language="log")
+        lines = [mask(line) for line in view.log_lines[-80:]]
+        st.code("\n".join(lines) or "(no output yet)", language="log")
+
+
+def _applies(view: dashboards.EngineView, status: str) -> None:
+    """Whether the saved spec is what runs: supervision restarts the spec as last started."""
+    if view.started_spec is None:
+        st.caption("Never started on request: Start runs the saved spec.")
+        return
+    differences = spec_differences(view.started_spec, view.spec)
+    if not differences:
+        return
+    what = "runs" if status in ("starting", "running", "crashed", "stopping") else "last ran"
+    st.warning(
+        f"The saved spec differs from the one the engine {what} (as last started): "
+        + "; ".join(differences)
+        + ". It applies when someone starts or restarts the engine; a crash restart runs "
+        "the spec as last started."
+    )
 
 
 def _request_result() -> None:
@@ -183,13 +234,42 @@ def _facts(spec: EngineSpec, view: dashboards.EngineView) -> None:
         )
 
 
+def _owners(spec: EngineSpec) -> None:
+    """What only the machine's owner sets (from the CLI), shown but not editable here."""
+    st.subheader("Set by the machine's owner")
+    env, args = owners_part(spec.env, spec.extra_args)
+    rows = [
+        ("Model", spec.model),
+        ("Executable", spec.vllm or spec.python or "-"),
+        ("Listens on", spec.host),
+        ("API key from", f"${spec.api_key_env}" if spec.api_key_env else "- (no key)"),
+        ("Hugging Face token from", f"${spec.hf_token_env}" if spec.hf_token_env else "-"),
+        ("Owner's flags", mask_command(" ".join(args)) if args else "-"),
+        ("Owner's variables", mask_command(" ".join(f"{k}={v}" for k, v in env.items())) or "-"),
+    ]
+    st.dataframe(pd.DataFrame(rows, columns=["", "value"]), hide_index=True, width="stretch")
+    st.caption(
+        "Changed only from the CLI (`kvscope engine configure`), never from a browser; "
+        "secrets are read from the named variables when the engine starts and never stored."
+    )
+    if spec.allow_unsafe:
+        st.warning(
+            "Outside the allowlists, set by the machine's owner with --allow-unsafe: "
+            + ("; ".join(spec.unsafe_items) or "nothing at the moment")
+        )
+
+
 def _form(spec: EngineSpec) -> None:
     st.subheader("Spec")
+    who = common.actor()
+    can = allowed(who, Action.ENGINE_CONFIGURE)
+    own_env, own_args = anyones_part(spec.env, spec.extra_args)
     with st.form("engine_spec"):
-        c = st.columns(3)
-        model = c[0].text_input("Model directory or name", spec.model)
-        served = c[1].text_input("Served model name", spec.served_model_name or "")
-        device = c[2].selectbox("Device", ["cpu", "cuda"], index=["cpu", "cuda"].index(spec.device))
+        top = st.columns(2)
+        served = top[0].text_input("Served model name", spec.served_model_name or "")
+        device = top[1].selectbox(
+            "Device", ["cpu", "cuda"], index=["cpu", "cuda"].index(spec.device)
+        )
         c = st.columns(3)
         port = c[0].number_input("Port", 1024, 65535, spec.port)
         dtype = c[1].selectbox("dtype", DTYPES, index=DTYPES.index(spec.dtype))
@@ -228,22 +308,33 @@ def _form(spec: EngineSpec) -> None:
             "Override KV blocks (0 = off)", 0, 10_000_000, spec.num_gpu_blocks_override or 0
         )
         eager = st.checkbox("Enforce eager (faster start, no CUDA graphs)", spec.enforce_eager)
-        extra = st.text_input("Extra arguments", " ".join(spec.extra_args))
+        extra = st.text_input(
+            "Extra arguments",
+            shlex.join(own_args),
+            help="known vllm serve flags with typed values, e.g. --seed 1 --async-scheduling "
+            "(the list: docs/engine.md)",
+        )
         env_text = st.text_input(
             "Environment",
-            " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()),
-            help="KEY=VALUE items added to the engine's environment. The CPU default sets "
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in own_env.items()),
+            help="KEY=VALUE items from the allowlist (VLLM_CPU_*, OMP_*, CUDA_VISIBLE_DEVICES, "
+            "cache folders under the data directory; docs/engine.md). The CPU default sets "
             "VLLM_ENABLE_V1_MULTIPROCESSING=0: one engine process, so that on a small machine "
             "the API server is not starved (see docs/probes.md).",
         )
-        if st.form_submit_button("Save spec"):
+        if st.form_submit_button(
+            "Save spec",
+            disabled=not can,
+            help=None if can else "configuring an engine needs an admin",
+        ):
             try:
                 env = parse_env_items(shlex.split(env_text))
+                args = shlex.split(extra)
             except (KvscopeError, ValueError) as err:
-                st.error(f"environment: {err}")
+                st.error(f"environment or arguments: {err}")
                 return
+            keep_env, keep_args = owners_part(spec.env, spec.extra_args)
             data = spec.model_dump() | {
-                "model": model,
                 "served_model_name": served or None,
                 "device": device,
                 "port": int(port),
@@ -256,18 +347,19 @@ def _form(spec: EngineSpec) -> None:
                 "max_num_seqs": int(seqs) or None,
                 "num_gpu_blocks_override": int(override) or None,
                 "enforce_eager": eager,
-                "extra_args": extra.split(),
-                "env": env,
+                "extra_args": [*args, *keep_args],
+                "env": keep_env | env,  # a typed owner's variable is a change: refused
             }
             try:
-                new = parse_spec(data)
-                queries.save_engine_spec(common.store(), new.name, new.model_dump())
+                changes.configure_engine(common.store(), who, data, common.settings().data_dir)
             except KvscopeError as err:
                 st.error(str(err))
             else:
                 # Rerun so the form is drawn from what was saved: widgets drawn from the old
                 # values would lose a second edit made right away.
-                st.session_state["engine_saved"] = "Saved. It applies at the next start or restart."
+                st.session_state["engine_saved"] = (
+                    "Saved. It applies when someone starts or restarts the engine."
+                )
                 st.rerun()
     if saved := st.session_state.pop("engine_saved", None):
         st.success(saved)

@@ -1,7 +1,8 @@
-"""The managed engine: its spec (`spec`), process group and pid file (`process`), log
-follower (`logs`), crash policy (`supervision`) and the manager composing them (`manager`).
-May import `planner`, `storage` and `probes.vllm`. `venv/` holds scripts the engine's own
-interpreter runs.
+"""The managed engine: its spec (`spec`), what a spec may hold and who may set it
+(`allowlists`), process group and pid file (`process`), log follower (`logs`), crash policy
+(`supervision`), the manager composing them (`manager`), and configure, start, stop and
+restart as guarded actions (`changes`). May import `planner`, `storage` and `probes.vllm`.
+`venv/` holds scripts the engine's own interpreter runs.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """One managed engine: its process group (`process`), log follower (`logs`) and crash policy
 (`supervision`) composed, with what the console sees written to the store: events, the
 managed target's row (scraped only while healthy) and the published state and log tail.
+The engine's secrets (read when it is spawned) are masked in all of it, should the engine
+ever print one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +27,7 @@ from probes.engine.supervision import START_TIMEOUT_S, CrashPolicy
 from probes.vllm.client import VllmClient
 from probes.vllm.logparse import LogFact
 from storage import queries as q
+from storage.access.audit import mask
 
 log = logging.getLogger("kvscope.engine")
 
@@ -61,8 +65,10 @@ class EngineManager:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.store = store
+        self.data_dir = data_dir
         self.spec = spec
         self.transport = transport
+        self._secrets: tuple[str, ...] = ()  # the running engine's, to mask wherever they show
         self.process = EngineProcess(data_dir / "engines" / spec.name)
         self.logs = LogFollower(
             self.process.log_path,
@@ -87,7 +93,7 @@ class EngineManager:
                     f"engine {self.spec.name} is already running "
                     f"(pid {self.state.pid}); stop or restart it"
                 )
-            problems = preflight(self.spec)
+            problems = preflight(self.spec, data_dir=self.data_dir)
             if problems:
                 raise EngineError(f"engine {self.spec.name} not started: " + "; ".join(problems))
             self._launch()
@@ -97,6 +103,7 @@ class EngineManager:
 
     def _launch(self) -> None:
         launched = self.process.launch(self.spec)
+        self._secrets = tuple(self.spec.secret_environment(os.environ).values())
         self.state = EngineState(
             self.spec.name,
             status="starting",
@@ -190,6 +197,8 @@ class EngineManager:
                 started_at=left.started_at,
                 command=self.spec.command_line(self.process.run_dir),
             )
+            with contextlib.suppress(EngineError):  # to mask them, should they show
+                self._secrets = tuple(self.spec.secret_environment(os.environ).values())
             self.logs.start()  # from the end: the previous worker read what came before
             self._event(
                 "engine_adopted",
@@ -232,7 +241,7 @@ class EngineManager:
                 self._crashed(why)
 
     def _try_start(self) -> None:
-        problems = preflight(self.spec)
+        problems = preflight(self.spec, data_dir=self.data_dir)
         if problems:
             self.state.status, self.state.message = "failed", "; ".join(problems)
             self._event(
@@ -345,7 +354,12 @@ class EngineManager:
             target_id = q.get_target(self.store, self.spec.name).id
         try:
             q.record_event(
-                self.store, kind, message, target_id=target_id, severity=severity, data=data
+                self.store,
+                kind,
+                mask(message, self._secrets),
+                target_id=target_id,
+                severity=severity,
+                data=None if data is None else mask(data, self._secrets),
             )
         except Exception:  # an event lost must never take the engine down with it
             log.exception("could not record event %s", kind)
@@ -353,8 +367,11 @@ class EngineManager:
     def publish(self) -> None:
         """Write the state, and the log tail when it moved, for the console."""
         with contextlib.suppress(Exception):
-            q.put_state(self.store, f"engine:{self.spec.name}", asdict(self.state))
+            q.put_state(
+                self.store, f"engine:{self.spec.name}", mask(asdict(self.state), self._secrets)
+            )
             tail = self.logs.last_lines(LOG_TAIL_LINES)
             if tail != self._published_tail:
-                q.put_state(self.store, f"engine_log:{self.spec.name}", {"lines": tail})
+                lines = [mask(line, self._secrets) for line in tail]
+                q.put_state(self.store, f"engine_log:{self.spec.name}", {"lines": lines})
                 self._published_tail = tail

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import EngineError
+from probes.engine.allowlists import TOKEN_PREFIX
 from probes.engine.spec import EngineSpec, engine_tmp_dir
 
 STOP_TIMEOUT_S = 30.0
@@ -100,12 +101,18 @@ class EngineProcess:
         self.refused: str | None = None  # why a left-over group was not taken over
 
     def launch(self, spec: EngineSpec) -> Launched:
-        """Start `spec` in a new session, output appended to the log; write the pid file."""
+        """Start `spec` in a new session, output appended to the log; write the pid file.
+
+        The engine gets the secrets its spec names, read now, as variables (never argv, so
+        never in the log line below, the pid file or `ps`), and none of the worker's other
+        `KVSCOPE_TOKEN_*` variables."""
+        secrets = spec.secret_environment(os.environ)
         tmp = engine_tmp_dir(self.run_dir)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **spec.environment(self.run_dir)}
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_PREFIX)}
+        env = {**inherited, **spec.environment(self.run_dir), **secrets}
         argv = spec.argv()
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:

@@ -1,28 +1,43 @@
 """Engine spec: what a managed vLLM engine is, rendered to the exact `vllm serve` argv and env.
 
-Static mistakes (a CPU block size that is not a multiple of 32, a utilisation above 1) are
-refused by the pydantic model; facts of this machine (the port is taken, the model folder
-has no config.json, the executable is missing, FP8 KV without AVX-512) by `preflight()`,
-before anything starts.
+Static mistakes (a CPU block size that is not a multiple of 32, a utilisation above 1, an
+environment variable or a flag off the allowlists of `allowlists.py`, a secret given as a
+value) are refused by the pydantic model; facts of this machine (the port is taken, the
+model folder has no config.json, the executable is missing, FP8 KV without AVX-512, a
+secret's variable unset) by `preflight()`, before anything starts. Secrets are named, never
+held: the API key and the Hugging Face token are read from `KVSCOPE_TOKEN_*` variables when
+the engine is spawned.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shlex
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import EngineError, InvalidInput, NotFound, validation_message
+from probes.engine.allowlists import (
+    ENV_NAME_RE,
+    TOKEN_ENV_RE,
+    TOKEN_PREFIX,
+    Owned,
+    arg_refusals,
+    env_refusals,
+    not_allowed,
+    outside_data_dir,
+    owner_items,
+)
 from probes.engine.venv.tinymodel import TinyParams, command, is_complete
 from probes.vllm.client import Target
+from storage.access.audit import MASK, is_secret_key, mask
 from storage.outbound import LOOPBACK_ONLY, Allowlist
 from storage.schemas import NAME_RE, TargetRow
 from storage.settings import Settings
@@ -32,7 +47,8 @@ if TYPE_CHECKING:
 
 ENTRY = Path(__file__).resolve().parent / "venv" / "vllm_entry.py"
 CPU_BLOCK_MULTIPLE = 32
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The variables the engine reads its secrets from, by the spec field that names the source.
+SECRET_VARIABLES = {"api_key_env": "VLLM_API_KEY", "hf_token_env": "HF_TOKEN"}
 KvDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
@@ -45,10 +61,12 @@ class EngineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     name: str = Field("embedded", description="also the target name the engine is scraped as")
-    model: str = Field(description="model directory (or a hub name on a machine that has it)")
+    model: str = Field(
+        description="model directory (or a hub name on a machine that has it); the owner's"
+    )
     served_model_name: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="where the engine listens; the owner's")
     port: int = Field(8000, ge=1024, le=65535)
     dtype: Dtype = "auto"
     max_model_len: int | None = Field(None, ge=16)
@@ -65,8 +83,27 @@ class EngineSpec(BaseModel):
     enforce_eager: bool = False
     python: str | None = Field(None, description="the engine venv's python: runs vllm_entry.py")
     vllm: str | None = Field(None, description="a `vllm` executable, instead of `python`")
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: list[str] = Field(
+        default_factory=list, description="known vllm serve flags with typed values"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="variables from the allowlist (docs/engine.md)"
+    )
+    api_key_env: str | None = Field(
+        None,
+        description=f"the {TOKEN_PREFIX}* variable holding the key the engine demands "
+        "(its VLLM_API_KEY), read when the engine is spawned; the owner's",
+    )
+    hf_token_env: str | None = Field(
+        None,
+        description=f"the {TOKEN_PREFIX}* variable holding a Hugging Face token (its HF_TOKEN), "
+        "read when the engine is spawned; the owner's",
+    )
+    allow_unsafe: bool = Field(
+        False,
+        description="the machine's owner stepped outside the allowlists "
+        "(kvscope engine configure --allow-unsafe)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -75,14 +112,23 @@ class EngineSpec(BaseModel):
             raise ValueError("name must be letters, digits, '.', '_' or '-' (at most 100)")
         return v
 
-    @field_validator("env")
+    @field_validator("model", "served_model_name", "host", "python", "vllm")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not ENV_NAME_RE.fullmatch(k)]
-        if bad:
+    def _word(cls, v: str | None) -> str | None:
+        # A value that starts with '-' would be read by vllm serve as another flag.
+        if v is not None and (not v or v.startswith("-") or "\0" in v or "\n" in v):
+            raise ValueError(f"{v!r} must be non-empty, one line, not starting with '-'")
+        return v
+
+    @field_validator("api_key_env", "hf_token_env", mode="before")
+    @classmethod
+    def _token_env(cls, v: object) -> object:
+        if v in (None, ""):
+            return None
+        if not isinstance(v, str) or not TOKEN_ENV_RE.match(v):
             raise ValueError(
-                f"environment variable name {bad[0]!r} is not valid "
-                "(letters, digits and '_', not starting with a digit)"
+                f"{v!r} must name a variable {TOKEN_PREFIX}… (capitals, digits, '_') set in "
+                "the worker's environment: the secret itself is never stored"
             )
         return v
 
@@ -106,24 +152,59 @@ class EngineSpec(BaseModel):
             raise ValueError("give either python (the engine venv's) or vllm, not both")
         if not (self.python or self.vllm):
             raise ValueError("name the engine's python (its venv) or a vllm executable")
+        refused = not_allowed(
+            [*env_refusals(self.env), *arg_refusals(self.extra_args)],
+            owner=True,  # who sets what is the guarded action's to check; here: what is valid
+            allow_unsafe=self.allow_unsafe,
+        )
+        if refused:
+            raise ValueError("; ".join(refused))
         return self
 
     @property
-    def api_key(self) -> str | None:
-        """The key the engine demands on its /v1 routes (`--api-key` or `VLLM_API_KEY`)."""
-        args = self.extra_args
-        for i, arg in enumerate(args):
-            if arg == "--api-key" and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith("--api-key="):
-                return arg.split("=", 1)[1]
-        return self.env.get("VLLM_API_KEY") or None
+    def owner_items(self) -> dict[str, Owned]:
+        """Variables and flags only the machine's owner may set, by name (what a browser
+        sees and cannot change)."""
+        return owner_items(self.env, self.extra_args)
+
+    @property
+    def unsafe_items(self) -> list[str]:
+        """What the owner set outside the allowlists (`--allow-unsafe`), masked, with why."""
+        return [f"{mask_command(o.text)} ({o.why})" for o in self.owner_items.values() if o.unsafe]
+
+    def secret_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The engine's secrets, read from the variables the spec names (at spawn only)."""
+        missing = self.missing_secrets(environ)
+        if missing:
+            raise EngineError(f"engine {self.name} not started: " + "; ".join(missing))
+        return {
+            SECRET_VARIABLES[field]: environ[source]
+            for field, source in self._secret_sources().items()
+        }
+
+    def missing_secrets(self, environ: Mapping[str, str]) -> list[str]:
+        """Secret variables the spec names that `environ` lacks."""
+        return [
+            f"{field} names ${source}, which is not set in the worker's environment "
+            f"(the engine's {SECRET_VARIABLES[field]} comes from it)"
+            for field, source in self._secret_sources().items()
+            if not environ.get(source)
+        ]
+
+    def _secret_sources(self) -> dict[str, str]:
+        return {
+            field: source
+            for field in SECRET_VARIABLES
+            if (source := getattr(self, field)) is not None
+        }
 
     @property
     def target(self) -> Target:
-        """Where the engine answers, with the key it wants; the address it listens on is
-        this machine's, so it is allowed (link-local and metadata still never are)."""
-        return Target(self.base_url, self.api_key, LOOPBACK_ONLY.plus(self.host))
+        """Where the engine answers, with the key it wants (read now from the variable the
+        spec names; no key when that variable is unset). The address it listens on is this
+        machine's, so it is allowed (link-local and metadata still never are)."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return Target(self.base_url, key or None, LOOPBACK_ONLY.plus(self.host))
 
     @property
     def served_name(self) -> str:
@@ -177,7 +258,8 @@ class EngineSpec(BaseModel):
         return [*args, *self.extra_args]
 
     def environment(self, run_dir: Path) -> dict[str, str]:
-        """Variables added to the worker's environment; caches and temp files stay in run_dir."""
+        """Variables added to the worker's environment; caches and temp files stay in run_dir.
+        Never a secret: those are added at spawn (`secret_environment`)."""
         env = {
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -192,9 +274,44 @@ class EngineSpec(BaseModel):
         return {**env, **self.env}
 
     def command_line(self, run_dir: Path) -> str:
-        """A copyable shell line: environment, then argv."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment(run_dir).items())
-        return f"env {env} {shlex.join(self.argv())}"
+        """A copyable shell line: environment (secrets as a reference to their variable, which
+        the shell expands), then argv."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.environment(run_dir).items()]
+        env += [
+            f'{SECRET_VARIABLES[field]}="${source}"'
+            for field, source in self._secret_sources().items()
+        ]
+        return f"env {' '.join(env)} {shlex.join(self.argv())}"
+
+
+def mask_command(text: str) -> str:
+    """A command line (or argument words) with every secret masked: the value of a `KEY=value`
+    word whose KEY looks secret, the value after a secret-looking flag, bearer tokens. A
+    reference to a variable (`VLLM_API_KEY="$KVSCOPE_TOKEN_X"`) holds no secret and stays."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return str(mask(text))
+    out = []
+    for word in mask(words):
+        key, eq, value = str(word).partition("=")
+        if eq and not key.startswith("-") and is_secret_key(key):
+            if value.startswith("$") and TOKEN_ENV_RE.match(value[1:]):
+                out.append(f'{key}="{value}"')
+                continue
+            word = f"{key}={MASK}"
+        out.append(shlex.quote(str(word)))
+    return " ".join(out)
+
+
+def spec_differences(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
+    """`field: old → new` for each field two stored specs differ in, secrets masked."""
+    masked_before, masked_after = mask(dict(before)), mask(dict(after))
+    return [
+        f"{k}: {masked_before.get(k)!r} → {masked_after.get(k)!r}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    ]
 
 
 # vLLM binds ZeroMQ sockets at TMPDIR/<uuid4>; a Unix socket path holds at most 107 bytes.
@@ -252,9 +369,17 @@ def cpu_has_avx512() -> bool:
     return "avx512f" in flags or "amx_tile" in flags
 
 
-def preflight(spec: EngineSpec, check_port: bool = True) -> list[str]:
-    """What stops this spec from starting on this machine; empty when it may start."""
-    problems = []
+def preflight(
+    spec: EngineSpec,
+    check_port: bool = True,
+    environ: Mapping[str, str] | None = None,
+    data_dir: Path | None = None,
+) -> list[str]:
+    """What stops this spec from starting on this machine; empty when it may start.
+    `environ` is where the secrets come from (the worker's environment by default)."""
+    problems = spec.missing_secrets(os.environ if environ is None else environ)
+    if data_dir is not None:
+        problems += outside_data_dir(spec.env, data_dir)
     exe = spec.vllm or spec.python or ""
     if not (Path(exe).is_file() and os.access(exe, os.X_OK)):
         which = "vllm executable" if spec.vllm else "engine python"
@@ -330,14 +455,18 @@ def build_tiny_model(
 
 
 def address(store: Engine, target: TargetRow, allow: Allowlist) -> Target:
-    """Where a stored target answers and with which token: a managed engine's key is in its
-    spec, an attached engine's in the variable the target names (read now). Requests go
-    only where `allow` (the store's allowlist, `q.allowlist`) lets them."""
+    """Where a stored target answers and with which token, read now from the variable named:
+    a managed engine's spec (as last started, which is what runs) names its key's variable,
+    an attached target its token's. Requests to an attached target go only where `allow`
+    (the store's allowlist, `q.allowlist`) lets them."""
     from storage import queries as q  # the store's query layer, only when asked
 
     if target.managed:
         try:
-            return parse_spec(q.get_engine_spec(store, target.name)[0]).target
+            data = q.get_started_spec(store, target.name)
+            spec = parse_spec(data or q.get_engine_spec(store, target.name)[0])
         except NotFound:
             pass  # a managed target whose spec was removed: its URL, no key
+        else:
+            return spec.target
     return Target.resolve(target.base_url, target.token_env, allow=allow)

@@ -1,6 +1,10 @@
-"""The worker's managed engines: one `EngineManager` per stored spec, made on first use and
-given a changed spec while its engine is down; adoption or cleanup of what a previous worker
-left running, the periodic supervision pass, and stopping (or abandoning) them all.
+"""The worker's managed engines: one `EngineManager` per stored spec, made on first use;
+adoption or cleanup of what a previous worker left running, the periodic supervision pass,
+and stopping (or abandoning) them all.
+
+Supervision (crash restarts, adoption) runs the spec as last started by someone allowed to,
+never the one merely saved: a saved change takes effect at the next start or restart. An
+engine never started on request is never started by supervision.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine
 
+from planner.errors import InvalidInput
 from probes.engine.manager import EngineManager
-from probes.engine.spec import parse_spec
+from probes.engine.spec import EngineSpec, parse_spec
 from storage import queries as q
 
 log = logging.getLogger("kvscope.worker")
@@ -30,6 +35,7 @@ class EngineRegistry(Mapping[str, EngineManager]):
         self.data_dir = data_dir
         self.transport = transport
         self._managers: dict[str, EngineManager] = {}
+        self._refusals: dict[str, str] = {}  # engines whose spec is refused, and why (said once)
         # Jobs, run handlers and the main loop ask at once; one manager per engine, always.
         self._lock = threading.Lock()
 
@@ -42,10 +48,20 @@ class EngineRegistry(Mapping[str, EngineManager]):
     def __len__(self) -> int:
         return len(self._managers)
 
-    def manager(self, name: str) -> EngineManager:
-        """The manager of a stored engine spec, created on first use, updated if idle."""
-        spec_data, _ = q.get_engine_spec(self.store, name)
-        spec = parse_spec(spec_data)
+    def manager(self, name: str, spec: EngineSpec | None = None) -> EngineManager:
+        """The manager of a stored engine, created on first use. It runs `spec` when given (a
+        start on request), else the spec as last started (the saved one for an engine never
+        started); a manager whose engine is down takes the new spec."""
+        if spec is None:
+            saved, _ = q.get_engine_spec(self.store, name)
+            try:
+                spec = parse_spec(q.get_started_spec(self.store, name) or saved)
+            except InvalidInput:
+                if name not in self._managers:
+                    raise
+                # A stored spec this kvscope refuses (written by an earlier one): the
+                # manager keeps what it runs, so the engine can still be stopped.
+                return self._managers[name]
         with self._lock:
             manager = self._managers.get(name)
             if manager is None:
@@ -55,18 +71,45 @@ class EngineRegistry(Mapping[str, EngineManager]):
                 manager.spec = spec
         return manager
 
+    def _wanted(self) -> list[tuple[str, str]]:
+        """(name, desired state) of every stored engine; one never started is not wanted."""
+        started = q.list_started_specs(self.store)
+        return [
+            (name, desired if started.get(name) is not None else "stopped")
+            for name, _, desired in q.list_engine_specs(self.store)
+        ]
+
     def adopt_or_clean(self) -> None:
-        """At start: adopt each engine a previous worker left running as specified, or stop it."""
-        for name, _, desired in q.list_engine_specs(self.store):
+        """At start: adopt each engine a previous worker left running as last started, or
+        stop it."""
+        for name, desired in self._wanted():
             try:
                 self.manager(name).adopt_or_clean(desired)
             except Exception:
                 log.exception("could not adopt or clean up engine %s", name)
 
     def supervise(self) -> None:
-        """One supervision pass over every stored engine."""
-        for name, _, desired in q.list_engine_specs(self.store):
-            self.manager(name).poll(desired)
+        """One supervision pass over every stored engine; one whose spec is refused is said
+        once (an event), and the others are still supervised."""
+        for name, desired in self._wanted():
+            try:
+                manager = self.manager(name)
+            except InvalidInput as err:
+                self._refused(name, str(err))
+                continue
+            self._refusals.pop(name, None)
+            manager.poll(desired)
+
+    def _refused(self, name: str, why: str) -> None:
+        if self._refusals.get(name) == why:
+            return
+        self._refusals[name] = why
+        q.record_event(
+            self.store,
+            "engine_spec_refused",
+            f"engine {name} is not supervised: its stored spec is refused: {why}",
+            severity="error",
+        )
 
     def stop_all(self, keep: bool = False) -> None:
         """Stop every engine, or with `keep` leave them running unwatched (a crashed worker)."""

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
 from probes.engine.process import STOP_TIMEOUT_S
-from probes.engine.spec import address
+from probes.engine.spec import EngineSpec, address, parse_spec
 from probes.engine.supervision import START_TIMEOUT_S
 from probes.kinds import KINDS, ProbeCancelled, StoredRun, get_kind, parse_params
 from probes.kinds.context import stored
@@ -68,12 +68,23 @@ def _engine_name(run: RunRow) -> str:
     return name
 
 
+def _requested_spec(work: WorkQueue, run: RunRow, name: str) -> EngineSpec:
+    """The spec a start or restart runs: the one saved when it was asked for (the guarded
+    action puts it in the request), else the one saved now."""
+    data = run.params.get("spec")
+    if isinstance(data, dict):
+        return parse_spec(data)
+    return parse_spec(q.get_engine_spec(work.store, name)[0])
+
+
 def engine_start(work: WorkQueue, run: RunRow) -> dict[str, Any]:
-    """Start a managed engine and wait until it is healthy."""
+    """Start a managed engine and wait until it is healthy; from now on supervision
+    restarts this spec after a crash."""
     name = _engine_name(run)
-    manager = work.engines.manager(name)
+    spec = _requested_spec(work, run, name)
+    manager = work.engines.manager(name, spec)
     manager.start(wait=False)
-    q.set_desired_state(work.store, name, "running")
+    q.mark_started(work.store, name, manager.spec.model_dump())
     manager.wait_healthy()
     return asdict(manager.state)
 
@@ -88,15 +99,16 @@ def engine_stop(work: WorkQueue, run: RunRow) -> dict[str, Any]:
 
 
 def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
-    """Stop and start a managed engine (applies a changed spec)."""
+    """Stop and start a managed engine, applying the saved spec."""
     name = _engine_name(run)
+    spec = _requested_spec(work, run, name)
     q.set_desired_state(work.store, name, "stopped")
     manager = work.engines.manager(name)
     manager.stop(reason="stopped for a restart")
-    manager = work.engines.manager(name)  # picks up a spec changed while it ran
+    manager = work.engines.manager(name, spec)
     manager.state.restarts += 1
     manager.start(wait=False)
-    q.set_desired_state(work.store, name, "running")
+    q.mark_started(work.store, name, manager.spec.model_dump())
     manager.wait_healthy()
     return asdict(manager.state)
 

@@ -169,6 +169,7 @@ class EngineView(BaseModel):
     name: str
     spec: dict[str, Any]
     desired: str
+    started_spec: dict[str, Any] | None  # as last started on request; None: never
     state: dict[str, Any]
     state_age_s: float | None
     log_lines: list[str]
@@ -176,9 +177,11 @@ class EngineView(BaseModel):
 
 
 def engine_view(store: Engine, name: str, now: float | None = None) -> EngineView:
-    """A managed engine's spec, desired and actual state, log tail and scraped cache facts."""
+    """A managed engine's saved spec and the one last started, desired and actual state, log
+    tail and scraped cache facts."""
     now = time.time() if now is None else now
     spec, desired = q.get_engine_spec(store, name)
+    started = q.get_started_spec(store, name)
     state = q.get_state(store, f"engine:{name}")
     logs = q.get_state(store, f"engine_log:{name}")
     try:
@@ -189,6 +192,7 @@ def engine_view(store: Engine, name: str, now: float | None = None) -> EngineVie
         name=name,
         spec=spec,
         desired=desired,
+        started_spec=started,
         state=state[0] if state else {"name": name, "status": "never started"},
         state_age_s=now - state[1] if state else None,
         log_lines=list(logs[0].get("lines", [])) if logs else [],

@@ -28,7 +28,10 @@ from storage.queries.alerts import (
 from storage.queries.costs import cost_frames, save_cost_frame
 from storage.queries.engines import (
     get_engine_spec,
+    get_started_spec,
     list_engine_specs,
+    list_started_specs,
+    mark_started,
     save_engine_spec,
     set_desired_state,
 )
@@ -105,6 +108,7 @@ __all__ = [
     "get_engine_spec",
     "get_lease",
     "get_run",
+    "get_started_spec",
     "get_state",
     "get_target",
     "interrupt_running",
@@ -114,7 +118,9 @@ __all__ = [
     "list_runs",
     "list_schedules",
     "list_slos",
+    "list_started_specs",
     "list_targets",
+    "mark_started",
     "open_alerts",
     "parse_target",
     "put_state",

@@ -1,5 +1,6 @@
-"""Managed engine specs: what `vllm serve` to run (validated by the engine room) and whether
-it should be running, which the worker's supervision follows."""
+"""Managed engine specs: what `vllm serve` to run (validated by the engine room), whether it
+should be running, and the spec as last started, which the worker's supervision follows: a
+saved change takes effect only when someone allowed to starts or restarts the engine."""
 
 from __future__ import annotations
 
@@ -27,6 +28,32 @@ def get_engine_spec(store: Engine, name: str) -> tuple[dict[str, Any], str]:
             known = ", ".join(s.scalars(select(EngineSpecRow.name))) or "none"
             raise NotFound(f"no engine spec named {name!r}; known engines: {known}")
         return dict(row.spec), row.desired_state
+
+
+def get_started_spec(store: Engine, name: str) -> dict[str, Any] | None:
+    """The spec a managed engine was last started with, None if it never was."""
+    with session_factory(store)() as s:
+        row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
+        if row is None:
+            raise NotFound(f"no engine spec named {name!r}")
+        return None if row.started_spec is None else dict(row.started_spec)
+
+
+def mark_started(store: Engine, name: str, spec: dict[str, Any]) -> None:
+    """Record that `spec` was started on request and is wanted running: supervision restarts
+    exactly this after a crash, whatever is saved meanwhile."""
+    with transaction(store) as s:
+        row = s.scalars(select(EngineSpecRow).where(EngineSpecRow.name == name)).first()
+        if row is None:
+            raise NotFound(f"no engine spec named {name!r}")
+        row.started_spec, row.desired_state, row.updated_at = dict(spec), "running", time.time()
+
+
+def list_started_specs(store: Engine) -> dict[str, dict[str, Any] | None]:
+    """Each managed engine's spec as last started (None: never started)."""
+    with session_factory(store)() as s:
+        rows = s.execute(select(EngineSpecRow.name, EngineSpecRow.started_spec))
+        return {name: None if spec is None else dict(spec) for name, spec in rows}
 
 
 def list_engine_specs(store: Engine) -> list[tuple[str, dict[str, Any], str]]:

@@ -27,8 +27,9 @@ from tests.e2e.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # The session's engine demands this key on its /v1 routes, as `vllm serve --api-key` does:
-# every probe must carry it (the worker takes it from the managed engine's spec).
+# every probe must carry it (the worker reads it from the variable the engine's spec names).
 API_KEY = secrets.token_hex(8)
+ENGINE_KEY_ENV = "KVSCOPE_TOKEN_E2E_ENGINE"
 ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
 
 
@@ -108,15 +109,18 @@ def live(e2e_settings: Settings) -> Iterator[LiveWorker]:
 
 
 @pytest.fixture(scope="session")
-def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> str:
-    """The embedded engine, guarded by API_KEY, started through the worker; its base URL."""
+def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> Iterator[str]:
+    """The embedded engine, guarded by API_KEY, started through the worker; its base URL.
+    The key is given by reference, as a spec always gives it: the worker (in this process)
+    reads it from KVSCOPE_TOKEN_E2E_ENGINE when it spawns the engine."""
     build_tiny_model(e2e_settings)
-    spec = embedded_spec(e2e_settings)
-    spec = spec.model_copy(update={"env": {**spec.env, "VLLM_API_KEY": API_KEY}})
-    q.save_engine_spec(live.worker.store, spec.name, spec.model_dump())
-    run = live.request("engine_start", timeout=600, name=spec.name)
-    assert run.status == "done", run.error
-    return spec.base_url
+    spec = embedded_spec(e2e_settings).model_copy(update={"api_key_env": ENGINE_KEY_ENV})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENGINE_KEY_ENV, API_KEY)
+        q.save_engine_spec(live.worker.store, spec.name, spec.model_dump())
+        run = live.request("engine_start", timeout=600, name=spec.name)
+        assert run.status == "done", run.error
+        yield spec.base_url
 
 
 def engine_pids(live: LiveWorker, name: str = "embedded") -> list[int]:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
 
 from planner.errors import InvalidInput
-from probes.engine.spec import ENTRY, embedded_spec, parse_spec, preflight
+from probes.engine.spec import (
+    ENTRY,
+    embedded_spec,
+    mask_command,
+    parse_spec,
+    preflight,
+    spec_differences,
+)
 from storage.settings import Settings
 
 
@@ -135,18 +144,114 @@ def test_tmpdir_stays_short_enough_for_vllms_unix_sockets(tmp_path: Path) -> Non
     assert chosen == engine_tmp_dir(deep)  # stable, so stop can wipe it
 
 
+def test_a_managed_engine_is_reached_with_the_key_its_variable_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = parse_spec(_base(tmp_path) | {"api_key_env": "KVSCOPE_TOKEN_E1"})
+    monkeypatch.delenv("KVSCOPE_TOKEN_E1", raising=False)
+    assert spec.target.headers == {}  # unset: no key (the engine's 401 says so)
+    assert any("$KVSCOPE_TOKEN_E1, which is not set" in p for p in preflight(spec))
+    monkeypatch.setenv("KVSCOPE_TOKEN_E1", "k-secret-1")
+    assert spec.target.headers == {"Authorization": "Bearer k-secret-1"}
+    assert spec.secret_environment(os.environ) == {"VLLM_API_KEY": "k-secret-1"}
+    assert preflight(spec) == []
+    # Named, never held: not in the stored form, the environment or the command line.
+    line = spec.command_line(tmp_path / "run")
+    assert 'VLLM_API_KEY="$KVSCOPE_TOKEN_E1"' in line
+    assert "k-secret-1" not in line + json.dumps(spec.model_dump()) + str(
+        spec.environment(tmp_path)
+    )
+
+
 @pytest.mark.parametrize(
-    ("extra", "env", "key"),
+    ("change", "message"),
     [
-        ([], {}, None),
-        (["--api-key", "k1"], {}, "k1"),
-        (["--api-key=k2"], {}, "k2"),
-        ([], {"VLLM_API_KEY": "k3"}, "k3"),
+        ({"env": {"VLLM_API_KEY": "k3"}}, "VLLM_API_KEY: looks like a secret"),
+        ({"env": {"HF_TOKEN": "hf_x"}}, "HF_TOKEN: looks like a secret"),
+        ({"extra_args": ["--api-key", "k1"]}, "--api-key: a secret on the command line"),
+        ({"extra_args": ["--api-key=k2"]}, "--api-key: a secret on the command line"),
+        ({"env": {"OMP_PLACES": "hf_" + "a" * 30}}, "OMP_PLACES: its value looks like a token"),
+        ({"api_key_env": "VLLM_API_KEY"}, "must name a variable KVSCOPE_TOKEN_"),
+        ({"api_key_env": "k3y-itself"}, "the secret itself is never stored"),
     ],
 )
-def test_a_managed_engine_is_reached_with_the_key_it_was_given(
-    tmp_path: Path, extra: list[str], env: dict[str, str], key: str | None
+def test_a_secret_is_never_a_value_not_even_for_the_owner(
+    tmp_path: Path, change: dict[str, object], message: str
 ) -> None:
-    spec = parse_spec(_base(tmp_path) | {"extra_args": extra, "env": env})
-    assert spec.api_key == key
-    assert spec.target.headers == ({"Authorization": f"Bearer {key}"} if key else {})
+    base = _base(tmp_path)
+    for unsafe in (False, True):
+        with pytest.raises(InvalidInput, match=message):
+            parse_spec(base | change | {"allow_unsafe": unsafe})
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"env": {"LD_PRELOAD": "./evil.so"}}, "LD_PRELOAD: the dynamic linker loads code"),
+        ({"env": {"BROWSER": "sh"}}, "BROWSER: Python's webbrowser module runs it"),
+        ({"env": {"PYTHONWARNINGS": "ignore"}}, "PYTHONWARNINGS: it changes what the engine"),
+        ({"env": {"HF_HUB_OFFLINE": "0"}}, "HF_HUB_OFFLINE: kvscope sets it"),
+        ({"env": {"OMP_TOOL_LIBRARIES": "x.so"}}, "OMP_TOOL_LIBRARIES: OpenMP loads"),
+        ({"env": {"NOTE": "x"}}, "NOTE: not on the allowlist"),
+        ({"extra_args": ["--middleware", "evil.M"]}, "--middleware: it imports and runs"),
+        ({"extra_args": ["--frobnicate"]}, "--frobnicate: not a vllm serve flag kvscope knows"),
+        ({"extra_args": ["--no-disable-log-stats"]}, "--no-disable-log-stats: not a vllm serve"),
+    ],
+)
+def test_what_is_off_the_allowlists_takes_allow_unsafe(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    base = _base(tmp_path)
+    with pytest.raises(InvalidInput, match=f"{message}.*only the machine's owner, with --allow"):
+        parse_spec(base | change)
+    spec = parse_spec(base | change | {"allow_unsafe": True})
+    assert len(spec.unsafe_items) == 1 and spec.allow_unsafe
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed", "x"], "--seed: wants a whole number"),
+        (["--seed", "-1"], "--seed: needs a value"),
+        (["--scheduling-policy", "lifo"], "--scheduling-policy: wants one of fcfs, priority"),
+        (["--disable-log-stats", "yes"], "--disable-log-stats: is a switch and takes no value"),
+        (["--seed", "1", "--seed=2"], "--seed: is given twice"),
+        (["--host", "0.0.0.0"], r"--host: has a field of its own: set host \(--set host="),
+        (["--port=9000"], "--port: has a field of its own"),
+        (["serve"], "serve: is not a --flag"),
+        (["--chat-template", "rel/path.jinja"], "--chat-template: wants an absolute path"),
+    ],
+)
+def test_extra_arguments_are_known_flags_with_typed_values(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse_spec(_base(tmp_path) | {"extra_args": args, "allow_unsafe": True})
+
+
+def test_known_flags_and_allowlisted_variables_render_as_given(tmp_path: Path) -> None:
+    args = ["--seed=3", "--async-scheduling", "--no-enable-log-requests", "--trust-remote-code"]
+    env = {"OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": str(tmp_path / "hf")}
+    spec = parse_spec(_base(tmp_path) | {"extra_args": args, "env": env})
+    assert spec.argv()[-4:] == args and not spec.unsafe_items
+    assert spec.environment(tmp_path / "engines" / "e1").items() >= env.items()
+    # Owner's: a flag that runs the model's own code; named for the page, not unsafe.
+    assert list(spec.owner_items) == ["--trust-remote-code"]
+    # Cache folders must lie under the data directory (checked where it is known).
+    assert preflight(spec, data_dir=tmp_path) == []
+    assert preflight(spec, data_dir=tmp_path / "other") == [
+        f"HF_HOME: {tmp_path / 'hf'} is not under the data directory {tmp_path / 'other'}"
+    ]
+
+
+def test_secrets_are_masked_in_commands_and_differences() -> None:
+    line = "env VLLM_API_KEY=abc123 X=1 vllm serve m --api-key sk-1 --hf-token=hf_zz --seed 1"
+    masked = mask_command(line)
+    assert "abc123" not in masked and "sk-1" not in masked and "hf_zz" not in masked
+    assert "--seed 1" in masked and "X=1" in masked
+    kept = mask_command('env VLLM_API_KEY="$KVSCOPE_TOKEN_E" vllm serve m')
+    assert 'VLLM_API_KEY="$KVSCOPE_TOKEN_E"' in kept
+    assert spec_differences({"port": 1, "env": {"HF_TOKEN": "x"}}, {"port": 2, "env": {}}) == [
+        "env: {'HF_TOKEN': '••••'} → {}",
+        "port: 1 → 2",
+    ]

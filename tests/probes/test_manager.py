@@ -54,6 +54,8 @@ def _spec(tmp_path: Path, **env: str) -> EngineSpec:
             "port": _port(),
             "kv_cache_memory_bytes": 16 << 20,
             "env": env,
+            # The stand-in's own variables are off the allowlist: the owner's, as in a test.
+            "allow_unsafe": bool(env),
         }
     )
 
@@ -214,3 +216,46 @@ def test_a_pid_file_naming_another_process_is_never_signalled(
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_secrets_reach_the_engine_and_nothing_else(
+    store: Engine,
+    settings: Settings,
+    tmp_path: Path,
+    managers: list[EngineManager],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret, other = "k3y-of-the-engine-1", "token-of-another-target"
+    monkeypatch.setenv("KVSCOPE_TOKEN_FAKE", secret)
+    monkeypatch.setenv("KVSCOPE_TOKEN_PROD", other)
+    spec = _spec(tmp_path).model_copy(update={"api_key_env": "KVSCOPE_TOKEN_FAKE"})
+    m = _manager(store, settings, spec, managers)
+    m.start(timeout=30)
+    pid = m.state.pid
+    assert pid is not None
+    environ = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+        if "=" in item
+    )
+    # The engine gets its key as VLLM_API_KEY, and not the worker's other tokens.
+    assert environ["VLLM_API_KEY"] == secret and "KVSCOPE_TOKEN_PROD" not in environ
+    assert m.vllm.target.headers == {"Authorization": f"Bearer {secret}"}
+    m.publish()
+    # Not on the command line, in the log's echo of it, the pid file, events or state.
+    written = [
+        Path(f"/proc/{pid}/cmdline").read_text(),
+        m.process.log_path.read_text(),
+        m.process.pid_path.read_text(),
+        str(q.events(store, 0, time.time() + 1)),
+        str(q.get_state(store, "engine:fake")),
+        str(q.get_state(store, "engine_log:fake")),
+    ]
+    for text in written:
+        assert secret not in text and other not in text
+    assert 'VLLM_API_KEY="$KVSCOPE_TOKEN_FAKE"' in m.state.command
+    # Without its variable the engine does not start, and says which variable is missing.
+    m.stop()
+    monkeypatch.delenv("KVSCOPE_TOKEN_FAKE")
+    with pytest.raises(EngineError, match=r"\$KVSCOPE_TOKEN_FAKE, which is not set"):
+        m.start()

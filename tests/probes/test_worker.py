@@ -193,7 +193,7 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
     )
     w = Worker(settings)
     q.save_engine_spec(w.store, "fake", spec.model_dump())
-    q.set_desired_state(w.store, "fake", "running")
+    q.mark_started(w.store, "fake", spec.model_dump())  # as `kvscope up` leaves it
     w.start()
     _wait_for(lambda: "fake" in w.engines and w.engines["fake"].state.status == "running", 30)
     pid = w.engines["fake"].state.pid
