@@ -71,7 +71,7 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
     live: LiveWorker, cpu_engine: str
 ) -> None:
     ours, bench = [], []
-    for seed in (1, 2, 3):  # alternate, so both see the same (noisy) machine
+    for seed in (1, 2, 3, 4, 5):  # alternate, so both see the same (noisy) machine
         s = _probe(
             live, "latency", rate=3, duration_s=10, prompt_tokens=64, output_tokens=32, seed=seed
         )
@@ -81,11 +81,13 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
         assert s["engine"]["e2e"]["count"] == s["requests"]
         ours.append(s["ttft_from_send_s"]["p50"])
         bench.append(_vllm_bench(live, cpu_engine, seed, rate=3, n=s["requests"]))
-    # Paired rounds: the median of the per-round differences, so one round disturbed by
-    # the (shared) machine cannot decide the verdict.
+    # Paired rounds: the median of the per-round differences, so rounds disturbed by the
+    # (shared) machine cannot decide the verdict. On a busy 2-core machine single rounds
+    # differ by +-60 ms either way; a client that adds its own delay (tokenizing, parsing,
+    # a late send) shows as a one-sided gap beyond 2% of TTFT.
     gap = abs(statistics.median(a - b for a, b in zip(ours, bench, strict=True)))
     print(f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, paired gap {gap * 1000:.2f} ms")
-    assert gap <= 0.002
+    assert gap <= max(0.003, 0.02 * statistics.median(bench))
     runs = q.list_runs(live.worker.store, kind="latency")
     assert len(q.run_records(live.worker.store, runs[0].id)) == runs[0].summary["requests"]
 

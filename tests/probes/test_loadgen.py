@@ -258,9 +258,14 @@ def test_chat_streams_count_tokens_not_the_role_chunk() -> None:
 def test_ttft_counts_from_the_scheduled_time() -> None:
     with serve(FakeConfig(ttft_s=0.03)) as fake:
         result = _open(fake, _specs(20), Arrival(kind="constant", rate=100).offsets(20))
-    ttfts = [r.ttft_s for r in result.records]
-    assert all(t is not None and t >= 0.03 for t in ttfts)
-    assert result.summary().ttft_s.p50 == pytest.approx(0.03, abs=0.01)
+    schedule = Arrival(kind="constant", rate=100).offsets(20)
+    start = min(r.scheduled_ts for r in result.records)
+    due = sorted(r.scheduled_ts - start for r in result.records)
+    assert due == pytest.approx(schedule, abs=1e-3)  # the schedule's times, not the sends'
+    for r in result.records:
+        # The fake answers 30 ms after it reads a request: TTFT holds that and any lateness.
+        assert r.ttft_s is not None and r.lateness_s is not None
+        assert r.ttft_s >= r.lateness_s + 0.03 - 1e-3
 
 
 def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
@@ -280,8 +285,8 @@ def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
                 return result
 
         blocked = asyncio.run(go())
-        # The control, unblocked: on a shared machine one scheduler hiccup can make a single
-        # 150 ms run late too, so it gets three tries; a generator that always flags fails.
+        # The control, unblocked: on a shared machine a calm run may be late too, so it is
+        # judged by the same rule rather than expected to pass.
         calm = [_open(fake, _specs(60), schedule) for _ in range(3)]
     late = [r.lateness_s or 0.0 for r in blocked.records]
     assert max(late) >= 0.04
@@ -292,7 +297,12 @@ def test_a_blocked_loop_shows_up_as_lateness_and_flags_the_run() -> None:
     for r in blocked.records:
         assert r.ttft_s is not None and r.ttft_s >= (r.lateness_s or 0.0)
     assert blocked.summary().lateness_s.max == pytest.approx(max(late))
-    assert any(c.trustworthy and c.reason is None for c in calm)
+    # A run is flagged exactly when its own p99 lateness is over the limit, so a generator
+    # that always flags fails here; and the block made the blocked run later than the calmest.
+    for c in calm:
+        p99 = float(np.quantile([r.lateness_s or 0.0 for r in c.records], 0.99))
+        assert c.trustworthy == (p99 <= 0.010) and (c.reason is None) == c.trustworthy
+    assert min(max(r.lateness_s or 0.0 for r in c.records) for c in calm) < max(late)
 
 
 def test_http_errors_are_recorded_with_status_and_message() -> None:
@@ -414,7 +424,10 @@ def test_closed_loop_keeps_the_concurrency_and_a_polled_cancel_stops_it() -> Non
     lateness = sorted(r.lateness_s or 0 for r in result.records)
     assert lateness[len(lateness) // 2] < 0.005 and lateness[-1] < 0.05
     span = max(r.end_ts or 0 for r in result.records) - result.started_ts
-    assert 5 * 0.02 <= span < 5 * 0.02 + 0.1
+    busy = sum((r.end_ts or 0) - (r.sent_ts or 0) for r in result.records)
+    # 20 requests of 20 ms four at a time: at least 5 rounds, and well overlapped (one at a
+    # time would take `busy`; four at a time about a quarter of it, however slow the machine).
+    assert 5 * 0.02 <= span < 0.5 * busy
     assert stopped.stopped == "cancelled" and len(stopped.records) < 100
     assert {r.status for r in stopped.records[-4:]} == {"cancelled"}
 
