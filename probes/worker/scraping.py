@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine
 
-from planner.errors import KvscopeError, LimitExceeded, NotFound, StorageError
+from planner.errors import Conflict, KvscopeError, LimitExceeded, NotFound, StorageError
 from probes.engine.spec import address
 from probes.vllm.client import METRICS, AsyncVllmClient, Target, VllmClient, parse_page
 from probes.vllm.metrics import ParsedScrape, summarize
@@ -152,7 +152,13 @@ class TargetScraper:
     def record(self, target: TargetRow, answer: Answer) -> None:
         """Parse and store one answer, then the target's health; never raises."""
         try:
-            self._record(target, answer)
+            try:
+                self._record(target, answer)
+            except Conflict:
+                # Series ids kept for a target removed since, whose id SQLite gave to a new
+                # one: forget them and write again (the failed write was rolled back).
+                self.forget(target.id)
+                self._record(target, answer)
         except StorageError as err:
             log.warning("target %s: %s", target.name, err)
             with contextlib.suppress(KvscopeError):
@@ -301,7 +307,13 @@ class ScrapeLoop:
     def sync(self, targets: Iterable[TargetRow]) -> set[int]:
         """Scrape exactly these targets from now on; returns the ids that were dropped."""
         wanted = {t.id: t for t in targets}
-        dropped = set(self._targets) - set(wanted)
+        # SQLite may give a new target the id of one just removed: another name means
+        # another target, whose series are not the old one's (record() also recovers).
+        dropped = {
+            tid
+            for tid, old in self._targets.items()
+            if tid not in wanted or wanted[tid].name != old.name
+        }
         self._targets = wanted
         if self._started:
             self._loop.call_soon_threadsafe(self._apply)

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # every probe must carry it (the worker reads it from the variable the engine's spec names).
 API_KEY = secrets.token_hex(8)
 ENGINE_KEY_ENV = "KVSCOPE_TOKEN_E2E_ENGINE"
+# A Hugging Face token the engine is given (offline, it never uses it): it must not leak either.
+HF_TOKEN = "hf_" + secrets.token_hex(16)
+HF_TOKEN_ENV = "KVSCOPE_TOKEN_E2E_HF"
 ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", ROOT / ".engine-venv"))
 
 
@@ -110,13 +113,16 @@ def live(e2e_settings: Settings) -> Iterator[LiveWorker]:
 
 @pytest.fixture(scope="session")
 def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> Iterator[str]:
-    """The embedded engine, guarded by API_KEY, started through the worker; its base URL.
-    The key is given by reference, as a spec always gives it: the worker (in this process)
-    reads it from KVSCOPE_TOKEN_E2E_ENGINE when it spawns the engine."""
+    """The embedded engine, guarded by API_KEY and given HF_TOKEN, started through the worker;
+    its base URL. Both are given by reference, as a spec always gives them: the worker (in
+    this process) reads them from their KVSCOPE_TOKEN_ variables when it spawns the engine."""
     build_tiny_model(e2e_settings)
-    spec = embedded_spec(e2e_settings).model_copy(update={"api_key_env": ENGINE_KEY_ENV})
+    spec = embedded_spec(e2e_settings).model_copy(
+        update={"api_key_env": ENGINE_KEY_ENV, "hf_token_env": HF_TOKEN_ENV}
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENGINE_KEY_ENV, API_KEY)
+        mp.setenv(HF_TOKEN_ENV, HF_TOKEN)
         q.save_engine_spec(live.worker.store, spec.name, spec.model_dump())
         run = live.request("engine_start", timeout=600, name=spec.name)
         assert run.status == "done", run.error

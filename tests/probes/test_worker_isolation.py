@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import Engine
 
 from probes.engine.spec import parse_spec
 from probes.worker import Worker
@@ -136,3 +137,22 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
         frozen_target = q.get_target(w.store, f"frozen{i}")
         assert frozen_target.health == "down"
         assert "did not answer in full" in (frozen_target.health_message or "")
+
+
+def test_a_new_target_under_a_removed_ones_id_is_scraped_cleanly(
+    store: Engine, settings: Settings
+) -> None:
+    from probes.worker.scraping import TargetScraper
+
+    scraper = TargetScraper(store, settings)
+    with serve(FakeVllm(kv_usage=0.5)) as url:
+        old = q.add_target(store, q.parse_target({"name": "old", "base_url": url}))
+        scraper.scrape(old.id)
+        assert q.get_target(store, "old").health == "up"
+        q.remove_target(store, "old")
+        new = q.add_target(store, q.parse_target({"name": "new", "base_url": url}))
+        assert new.id == old.id  # SQLite reuses the highest id: the case under test
+        scraper.scrape(new.id)
+    assert q.get_target(store, "new").health == "up"
+    assert not [e for e in q.events(store, 0, 2e9) if e.kind == "storage_error"]
+    assert q.count_samples(store, new.id) > 0
