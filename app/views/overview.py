@@ -90,6 +90,7 @@ def _panel() -> None:
                         "severity": e.severity,
                         "kind": e.kind,
                         "message": e.message,
+                        "by": e.actor or "",
                     }
                     for e in evs[:50]
                 ]

@@ -80,6 +80,9 @@ class EngineManager:
         )
         self.policy = CrashPolicy()
         self.state = EngineState(spec.name)
+        # Who asked for the command being carried out (a run's requested_by), for its events;
+        # None while the worker acts on its own (supervision, crash restarts).
+        self.actor: str | None = None
         self._lock = threading.RLock()
         self._published_tail: list[str] = []
 
@@ -360,6 +363,7 @@ class EngineManager:
                 target_id=target_id,
                 severity=severity,
                 data=None if data is None else mask(data, self._secrets),
+                actor=self.actor,
             )
         except Exception:  # an event lost must never take the engine down with it
             log.exception("could not record event %s", kind)

@@ -14,13 +14,15 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError, NotFound
+from probes.engine.manager import EngineManager
 from probes.engine.process import STOP_TIMEOUT_S
 from probes.engine.spec import EngineSpec, address, parse_spec
 from probes.engine.supervision import START_TIMEOUT_S
@@ -77,25 +79,35 @@ def _requested_spec(work: WorkQueue, run: RunRow, name: str) -> EngineSpec:
     return parse_spec(q.get_engine_spec(work.store, name)[0])
 
 
+@contextmanager
+def _acting(manager: EngineManager, run: RunRow) -> Iterator[EngineManager]:
+    """The engine's events while carrying out `run` name who asked for it."""
+    manager.actor = run.requested_by
+    try:
+        yield manager
+    finally:
+        manager.actor = None
+
+
 def engine_start(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     """Start a managed engine and wait until it is healthy; from now on supervision
     restarts this spec after a crash."""
     name = _engine_name(run)
     spec = _requested_spec(work, run, name)
-    manager = work.engines.manager(name, spec)
-    manager.start(wait=False)
-    q.mark_started(work.store, name, manager.spec.model_dump())
-    manager.wait_healthy()
-    return asdict(manager.state)
+    with _acting(work.engines.manager(name, spec), run) as manager:
+        manager.start(wait=False)
+        q.mark_started(work.store, name, manager.spec.model_dump())
+        manager.wait_healthy()
+        return asdict(manager.state)
 
 
 def engine_stop(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     """Stop a managed engine; the worker will not restart it."""
     name = _engine_name(run)
     q.set_desired_state(work.store, name, "stopped")
-    manager = work.engines.manager(name)
-    manager.stop()
-    return asdict(manager.state)
+    with _acting(work.engines.manager(name), run) as manager:
+        manager.stop()
+        return asdict(manager.state)
 
 
 def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
@@ -103,14 +115,14 @@ def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     name = _engine_name(run)
     spec = _requested_spec(work, run, name)
     q.set_desired_state(work.store, name, "stopped")
-    manager = work.engines.manager(name)
-    manager.stop(reason="stopped for a restart")
-    manager = work.engines.manager(name, spec)
-    manager.state.restarts += 1
-    manager.start(wait=False)
-    q.mark_started(work.store, name, manager.spec.model_dump())
-    manager.wait_healthy()
-    return asdict(manager.state)
+    with _acting(work.engines.manager(name), run) as manager:
+        manager.stop(reason="stopped for a restart")
+    with _acting(work.engines.manager(name, spec), run) as manager:
+        manager.state.restarts += 1
+        manager.start(wait=False)
+        q.mark_started(work.store, name, manager.spec.model_dump())
+        manager.wait_healthy()
+        return asdict(manager.state)
 
 
 def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def add_target(
         if spec.managed:
             raise InvalidInput("a managed engine's target is made by its engine, not added")
         _admit(store, spec, configured)
-        return q.add_target(store, spec)
+        return q.add_target(store, spec, actor=str(actor))
 
 
 def update_target(

@@ -30,8 +30,8 @@ def parse_target(data: dict[str, Any]) -> TargetIn:
         raise InvalidInput(validation_message(err)) from err
 
 
-def add_target(store: Engine, spec: TargetIn) -> TargetRow:
-    """Store a new target; its name must be free."""
+def add_target(store: Engine, spec: TargetIn, *, actor: str | None = None) -> TargetRow:
+    """Store a new target; its name must be free. `actor` (who added it) goes in the event."""
     try:
         with transaction(store) as s:
             t = Target(**spec.model_dump())
@@ -41,7 +41,11 @@ def add_target(store: Engine, spec: TargetIn) -> TargetRow:
     except Conflict as err:
         raise InvalidInput(f"a target named {spec.name!r} already exists") from err
     record_event(
-        store, "target_added", f"target {spec.name} added ({spec.base_url})", target_id=row.id
+        store,
+        "target_added",
+        f"target {spec.name} added ({spec.base_url})",
+        target_id=row.id,
+        actor=actor,
     )
     return row
 

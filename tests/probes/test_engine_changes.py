@@ -251,6 +251,10 @@ def test_a_saved_change_waits_for_a_start_crash_restarts_run_the_spec_as_started
     argv = _argv(settings)
     assert argv[argv.index("--max-num-seqs") + 1] == "7"
     assert q.get_started_spec(store, "fake") == q.get_engine_spec(store, "fake")[0]
+    # The engine's events name who asked; the crash restart was the worker's own.
+    by = {(e.kind, e.actor) for e in q.events(store, 0, time.time() + 1)}
+    assert ("engine_starting", str(OPERATOR)) in by and ("engine_stopped", str(OPERATOR)) in by
+    assert ("engine_starting", None) in by  # the crash restart
 
 
 def test_keep_running_is_the_owners_start_for_the_next_worker(

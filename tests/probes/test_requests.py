@@ -80,3 +80,11 @@ def test_rules_and_slos_belong_to_admins_acknowledging_to_operators(store: Engin
     assert len(q.list_rules(store)) == len(restored)
     with pytest.raises(Forbidden):
         alerting.acknowledge_alert(store, VIEWER, 1)
+
+
+def test_events_say_who_caused_them(store: Engine) -> None:
+    from storage.access import targets as target_access
+
+    target_access.add_target(store, ADMIN, {"name": "t2", "base_url": "http://127.0.0.1:2"})
+    (event,) = [e for e in q.events(store, 0, 2e9) if e.kind == "target_added"]
+    assert event.actor == "ada (admin, cli)"
