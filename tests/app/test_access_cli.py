@@ -5,28 +5,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.e2e.browser import free_port
-from tests.support.cli import kvscope, spawn
+from tests.e2e.browser import console
+from tests.support.cli import kvscope
+from tests.support.waiting import free_port
 
 PASSWORD = "correct horse battery\n"
 
 
-def test_users_are_added_listed_changed_and_removed(tmp_path: Path) -> None:
-    res = kvscope(
-        "users",
-        "add",
-        "ada",
-        "--role",
-        "admin",
-        "--password-stdin",
-        env_dir=tmp_path,
-        stdin=PASSWORD,
+def _add(data: Path, name: str, role: str) -> subprocess.CompletedProcess[str]:
+    return kvscope(
+        "users", "add", name, "--role", role, "--password-stdin", env_dir=data, stdin=PASSWORD
     )
+
+
+def test_users_are_added_listed_changed_and_removed(tmp_path: Path) -> None:
+    res = _add(tmp_path, "ada", "admin")
     assert res.returncode == 0 and "added ada (admin, password)" in res.stdout, res.stderr
     res = kvscope(
         "users", "add", "pat@example.com", "--role", "operator", "--oidc", env_dir=tmp_path
@@ -34,16 +31,7 @@ def test_users_are_added_listed_changed_and_removed(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     res = kvscope("users", "add", "bob", "--password-stdin", env_dir=tmp_path, stdin="short\n")
     assert res.returncode == 2 and "a password needs at least 12 characters" in res.stderr
-    res = kvscope(
-        "users",
-        "add",
-        "eve",
-        "--role",
-        "root",
-        "--password-stdin",
-        env_dir=tmp_path,
-        stdin=PASSWORD,
-    )
+    res = _add(tmp_path, "eve", "root")
     assert res.returncode == 2 and "root" in res.stderr
     listed = kvscope("users", "list", env_dir=tmp_path).stdout.split("\n")
     assert [line.split() for line in listed if line] == [
@@ -65,26 +53,8 @@ def test_users_are_added_listed_changed_and_removed(tmp_path: Path) -> None:
 
 
 def test_the_audit_export_has_every_change_with_secrets_masked(tmp_path: Path) -> None:
-    kvscope(
-        "users",
-        "add",
-        "ada",
-        "--role",
-        "admin",
-        "--password-stdin",
-        env_dir=tmp_path,
-        stdin=PASSWORD,
-    )
-    kvscope(
-        "users",
-        "add",
-        "ada",
-        "--role",
-        "admin",
-        "--password-stdin",
-        env_dir=tmp_path,
-        stdin=PASSWORD,
-    )
+    _add(tmp_path, "ada", "admin")
+    _add(tmp_path, "ada", "admin")
     res = kvscope("audit", "export", "--jsonl", "--since", "1h", env_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
@@ -98,37 +68,11 @@ def test_the_audit_export_has_every_change_with_secrets_masked(tmp_path: Path) -
 
 
 def test_the_console_refuses_other_addresses_without_sign_in(tmp_path: Path) -> None:
-    port = str(free_port())
-    environ = {"KVSCOPE_CONSOLE_HOST": "0.0.0.0", "KVSCOPE_CONSOLE_PORT": port}
+    environ = {"KVSCOPE_CONSOLE_HOST": "0.0.0.0", "KVSCOPE_CONSOLE_PORT": str(free_port())}
     for command in ("console", "up"):
         res = kvscope(command, env_dir=tmp_path, environ=environ)
         assert res.returncode == 2, res.stderr
         assert "refusing to serve the console on 0.0.0.0 without sign-in" in res.stderr
-    kvscope(
-        "users",
-        "add",
-        "ada",
-        "--role",
-        "admin",
-        "--password-stdin",
-        env_dir=tmp_path,
-        stdin=PASSWORD,
-    )
-    proc = spawn("console", env_dir=tmp_path, environ=environ)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).is_success:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            raise AssertionError(f"the console with sign-in did not start (exit {proc.poll()})")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    _add(tmp_path, "ada", "admin")
+    with console(tmp_path, {"KVSCOPE_CONSOLE_HOST": "0.0.0.0"}) as url:  # it starts now
+        assert httpx.get(f"{url}/_stcore/health", timeout=5).is_success

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from tests.support.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -41,17 +42,13 @@ def chromium_missing() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def console(data_dir: Path) -> Iterator[str]:
-    """Start `kvscope console` on a free port for a data dir; yield its URL; stop it by PID."""
+def console(data_dir: Path, environ: dict[str, str] | None = None) -> Iterator[str]:
+    """Start `kvscope console` on a free port for a data dir (with `environ` added); yield
+    its loopback URL; stop it by PID."""
     port = free_port()
-    env = {**os.environ, "KVSCOPE_DATA_DIR": str(data_dir), "KVSCOPE_CONSOLE_PORT": str(port)}
+    env = {**os.environ, **(environ or {})}
+    env |= {"KVSCOPE_DATA_DIR": str(data_dir), "KVSCOPE_CONSOLE_PORT": str(port)}
     log = open(data_dir / "console.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "console"],

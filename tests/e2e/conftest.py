@@ -23,7 +23,7 @@ from probes.worker import Worker
 from storage import queries as q
 from storage.schemas import RunRow
 from storage.settings import Settings
-from tests.e2e.browser import free_port
+from tests.support.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # The session's engine demands this key on its /v1 routes, as `vllm serve --api-key` does:

@@ -22,8 +22,9 @@ from playwright.sync_api import sync_playwright
 from probes.engine import group_pids
 from storage import queries as q
 from storage.db import open_store
-from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing, free_port
+from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing
 from tests.e2e.conftest import ENGINE_VENV, ROOT
+from tests.support.waiting import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.browser, pytest.mark.engine_last]
 

@@ -6,9 +6,8 @@ a crash restart runs the spec as last started."""
 from __future__ import annotations
 
 import json
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -24,27 +23,13 @@ from storage import dashboards
 from storage import queries as q
 from storage.access import Actor, Origin, Role, entries
 from storage.settings import Settings
+from tests.support.waiting import free_port, wait_until
 
 FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_engine.py"
 OWNER = Actor("olivia", Role.ADMIN, Origin.CLI)
 ADMIN = Actor("ada", Role.ADMIN, Origin.CONSOLE)
 OPERATOR = Actor("omar", Role.OPERATOR, Origin.CONSOLE)
 VIEWER = Actor("vera", Role.VIEWER, Origin.CONSOLE)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def _fake(tmp_path: Path, **extra: Any) -> dict[str, Any]:
@@ -55,7 +40,7 @@ def _fake(tmp_path: Path, **extra: Any) -> dict[str, Any]:
         "name": "fake",
         "model": str(model),
         "vllm": str(FAKE),
-        "port": _port(),
+        "port": free_port(),
         "kv_cache_memory_bytes": 16 << 20,
         "env": {"OMP_NUM_THREADS": "1"},
     } | extra
@@ -240,7 +225,7 @@ def test_a_saved_change_waits_for_a_start_crash_restarts_run_the_spec_as_started
         registry.supervise()
         return manager.state.status == "crashed"
 
-    _wait(crashed)
+    wait_until(crashed)
     manager.policy.next_restart = 0.0  # skip the backoff
     registry.supervise()
     assert manager.state.status == "starting"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,17 +9,9 @@ import pytest
 import probes.engine.logs as logs
 from probes.engine.logs import LogFollower, tail_file
 from probes.vllm.logparse import LogFact
+from tests.support.waiting import wait_until
 
 CAPACITY = "INFO 01-01 00:00:01 [kv_cache_utils.py:1] CPU KV cache size: 16,384 tokens\n"
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_follows_from_the_offset_and_drains_on_stop(tmp_path: Path) -> None:
@@ -32,7 +22,7 @@ def test_follows_from_the_offset_and_drains_on_stop(tmp_path: Path) -> None:
     follower.start(log.stat().st_size)
     with open(log, "a") as f:
         f.write(CAPACITY)
-    _wait(lambda: len(facts) == 1)
+    wait_until(lambda: len(facts) == 1)
     assert facts[0].kind == "kv_capacity" and facts[0].values["tokens"] == 16384.0
     with open(log, "a") as f:
         f.write("Traceback (most recent call last):\n  File 'x', line 1\nRuntimeError: boom\n")
@@ -50,10 +40,10 @@ def test_from_the_end_by_default_and_rotates_when_large(tmp_path: Path) -> None:
     with open(log, "a") as f:
         for i in range(10):
             f.write(f"line {i} " + "x" * 40 + "\n")
-    _wait(lambda: log.with_suffix(".log.1").exists() and log.stat().st_size == 0)
+    wait_until(lambda: log.with_suffix(".log.1").exists() and log.stat().st_size == 0)
     with open(log, "a") as f:
         f.write(CAPACITY)
-    _wait(lambda: len(facts) == 1)  # read from the start of the emptied file
+    wait_until(lambda: len(facts) == 1)  # read from the start of the emptied file
     follower.stop()
     assert "line 9" in log.with_suffix(".log.1").read_text()
     assert tail_file(log) == [CAPACITY.rstrip("\n")]
@@ -85,10 +75,10 @@ def test_a_failing_rotation_or_fact_is_reported_and_the_follow_goes_on(
     try:
         with open(log, "a") as f:
             f.write("INFO CPU KV cache size: 1 tokens\n" + "x" * 300 + "\n")
-        _wait(lambda: len(errors) >= 2)
+        wait_until(lambda: len(errors) >= 2)
         with open(log, "a") as f:
             f.write(CAPACITY)  # still followed after both failures
-        _wait(lambda: len(facts) == 1)
+        wait_until(lambda: len(facts) == 1)
     finally:
         follower.stop()
     assert "the store is locked" in errors[0] and "No space left on device" in errors[1]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,23 +16,9 @@ from probes.engine import EngineManager, EngineSpec, group_pids, parse_spec
 from probes.engine.logs import LOG_BACKUPS, rotate
 from storage import queries as q
 from storage.settings import Settings
+from tests.support.waiting import free_port, wait_until
 
 FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_engine.py"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def _polled(m: EngineManager, desired: str) -> str:
@@ -51,7 +36,7 @@ def _spec(tmp_path: Path, **env: str) -> EngineSpec:
             "name": "fake",
             "model": str(model),
             "vllm": str(FAKE),
-            "port": _port(),
+            "port": free_port(),
             "kv_cache_memory_bytes": 16 << 20,
             "env": env,
             # The stand-in's own variables are off the allowlist: the owner's, as in a test.
@@ -84,7 +69,7 @@ def test_start_parses_the_log_and_stop_takes_the_whole_group(
     assert state.status == "running" and state.message == "serving model"
     pgid = state.pid
     assert pgid is not None and len(group_pids(pgid)) == 2  # server + its child
-    _wait(lambda: "kv_capacity" in m.state.facts)
+    wait_until(lambda: "kv_capacity" in m.state.facts)
     assert m.state.facts["kv_capacity"] == {"device": "CPU", "tokens": 16384.0}
     target = q.get_target(store, "fake")
     assert target.managed and target.enabled and target.base_url == m.spec.base_url
@@ -105,7 +90,7 @@ def test_a_crash_is_an_event_with_the_last_lines_and_it_restarts(
     m = _manager(store, settings, _spec(tmp_path, FAKE_ENGINE_CRASH_AFTER_S="1.5"), managers)
     m.start(timeout=30)
     first = m.state.pid
-    _wait(lambda: _polled(m, "running") == "crashed")
+    wait_until(lambda: _polled(m, "running") == "crashed")
     crash = q.events(store, 0, time.time() + 1, kinds=["engine_crashed"])[0]
     assert crash.data["exit_code"] == 3
     assert "RuntimeError: fake engine died" in "\n".join(crash.data["last_lines"])
@@ -123,7 +108,7 @@ def test_a_crash_while_not_wanted_is_not_restarted(
 ) -> None:
     m = _manager(store, settings, _spec(tmp_path, FAKE_ENGINE_CRASH_AFTER_S="1"), managers)
     m.start(timeout=30)
-    _wait(lambda: _polled(m, "stopped") == "crashed")
+    wait_until(lambda: _polled(m, "stopped") == "crashed")
     m.policy.next_restart = 0.0
     m.poll("stopped")
     assert m.state.status == "crashed" and not m.alive()
@@ -150,7 +135,7 @@ def test_adoption_and_cleanup_after_a_worker_dies(
     first.abandon()  # the worker process is gone; the engine is not
     again = _manager(store, settings, spec, managers)
     assert again.adopt_or_clean("running") is True
-    _wait(lambda: again.check_health() and again.state.status == "running")
+    wait_until(lambda: again.check_health() and again.state.status == "running")
     assert sorted(group_pids(again.state.pid or 0)) == pids  # the same processes, no second
     # A worker that no longer wants it (or has another spec) stops it instead.
     third = _manager(store, settings, spec.model_copy(update={"max_model_len": 2048}), managers)
@@ -180,7 +165,7 @@ def test_kill_9_of_the_main_process(
     pid = m.state.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    _wait(lambda: _polled(m, "running") == "crashed")
+    wait_until(lambda: _polled(m, "running") == "crashed")
     crash = q.events(store, 0, time.time() + 1, kinds=["engine_crashed"])[0]
     assert crash.data["exit_code"] == -signal.SIGKILL and group_pids(pid) == []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +18,7 @@ from storage import queries as q
 from storage.schemas import ScrapeLimits
 from storage.settings import Settings
 from tests.support.fake_vllm import FakeVllm, serve
-
-
-def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -84,16 +76,16 @@ def test_recovery_counter_reset_and_scrape_warnings_are_events(worker: Worker) -
     with serve(fake) as url:
         _add(worker, "fake", url)
         worker.start()
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "up")
         fake.status = 503
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "down")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "down")
         fake.status = 200
         fake.restart()
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "up")
         fake.body_override = fake.text().replace(
             "vllm:num_requests_waiting{", "vllm:num_requests_waiting{broken "
         )
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "degraded")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "degraded")
         worker.stop()
     kinds = [e.kind for e in q.events(worker.store, 0, time.time() + 1)]
     assert kinds.count("target_down") == 1 and kinds.count("target_up") == 1
@@ -110,14 +102,14 @@ def test_a_healthy_targets_row_stays_fresh_and_a_health_written_elsewhere_is_cor
     with serve(FakeVllm()) as url:
         tid = _add(worker, "fake", url)
         worker.start()
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "up")
         first = q.get_target(worker.store, "fake").last_scrape_at or 0.0
         # Only the times move while nothing new is said (the cheap refresh)...
-        _wait_for(lambda: (q.get_target(worker.store, "fake").last_scrape_at or 0.0) > first + 1)
+        wait_until(lambda: (q.get_target(worker.store, "fake").last_scrape_at or 0.0) > first + 1)
         # ...and a health another writer left (a check that failed) is put right, with its
         # event, instead of being refreshed over.
         q.set_target_health(worker.store, tid, ok=False, message="checked: refused", ts=time.time())
-        _wait_for(lambda: q.get_target(worker.store, "fake").health == "up")
+        wait_until(lambda: q.get_target(worker.store, "fake").health == "up")
         worker.stop()
     ups = q.events(worker.store, 0, time.time() + 1, kinds=["target_up"])
     assert len(ups) == 1 and ups[0].target_id == tid
@@ -195,7 +187,7 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
     q.save_engine_spec(w.store, "fake", spec.model_dump())
     q.mark_started(w.store, "fake", spec.model_dump())  # as `kvscope up` leaves it
     w.start()
-    _wait_for(lambda: "fake" in w.engines and w.engines["fake"].state.status == "running", 30)
+    wait_until(lambda: "fake" in w.engines and w.engines["fake"].state.status == "running", 30)
     pid = w.engines["fake"].state.pid
     assert pid is not None and group_pids(pid)
 
@@ -203,7 +195,7 @@ def test_the_worker_runs_a_wanted_engine_and_stops_it_on_shutdown(
         w.tick()  # the main loop adds the scrape job once the engine is healthy
         return q.get_target(w.store, "fake").health == "up"
 
-    _wait_for(scraped, 15)
+    wait_until(scraped, 15)
     w.stop()
     assert group_pids(pid) == []
     assert [e.kind for e in q.events(w.store, 0, time.time() + 1, kinds=["engine_stopped"])]

@@ -3,11 +3,9 @@ heartbeat, or keep an engine stop waiting behind slow checks and a long probe.""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,24 +20,10 @@ from tests.support.fake_openai import FakeConfig
 from tests.support.fake_openai import serve as serve_openai
 from tests.support.fake_vllm import FakeVllm, serve
 from tests.support.hostile import hostile
+from tests.support.waiting import free_port, wait_until
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "support" / "fake_engine.py"
 INTERVAL_S = 1.0
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(cond: Callable[[], bool], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def _finished(w: Worker, run_id: int) -> bool:
@@ -55,7 +39,7 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
     model.mkdir()
     (model / "config.json").write_text("{}")
     spec = parse_spec(
-        {"name": "fake", "model": str(model), "vllm": str(FAKE_ENGINE), "port": _port()}
+        {"name": "fake", "model": str(model), "vllm": str(FAKE_ENGINE), "port": free_port()}
         | {"kv_cache_memory_bytes": 16 << 20}
     )
     q.save_engine_spec(w.store, "fake", spec.model_dump())
@@ -85,7 +69,7 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()
             start = q.request_run(w.store, "engine_start", {"name": "fake"})
-            _wait(lambda: _finished(w, start.id), 60)
+            wait_until(lambda: _finished(w, start.id), 60)
             assert q.get_run(w.store, start.id).status == "done"
             # Warm-up over: every target's first scrapes (which create its series, CPU the
             # scrape loop shares in this one test process) are behind us.
@@ -101,14 +85,14 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
             frozen = [q.get_target(w.store, f"frozen{i}").id for i in range(2)]
             for tid in frozen:
                 q.request_run(w.store, "check_target", target_id=tid)
-            _wait(lambda: q.get_run(w.store, probe.id).status == "running", 30)
+            wait_until(lambda: q.get_run(w.store, probe.id).status == "running", 30)
             t0 = time.monotonic()
             stop = q.request_run(w.store, "engine_stop", {"name": "fake"})
-            _wait(lambda: _finished(w, stop.id), 30)
+            wait_until(lambda: _finished(w, stop.id), 30)
             stop_took = time.monotonic() - t0
             time.sleep(8.0)  # scrapes go on beside everything else
             q.cancel_run(w.store, probe.id)
-            _wait(lambda: _finished(w, probe.id), 10)
+            wait_until(lambda: _finished(w, probe.id), 10)
             stop_watch.set()
             ticker.join(10)
     finally:
@@ -144,7 +128,9 @@ def test_a_new_target_under_a_removed_ones_id_is_scraped_cleanly(
 ) -> None:
     from probes.worker.scraping import TargetScraper
 
-    scraper = TargetScraper(store, settings)
+    # A generous deadline: this test is about ids, not speed (the default here is 0.5 s).
+    roomy = settings.model_copy(update={"scrape": ScrapeLimits(interval_s=10, timeout_s=10)})
+    scraper = TargetScraper(store, roomy)
     with serve(FakeVllm(kv_usage=0.5)) as url:
         old = q.add_target(store, q.parse_target({"name": "old", "base_url": url}))
         scraper.scrape(old.id)
