@@ -136,3 +136,11 @@ def test_what_a_target_says_is_shown_as_text(store: Engine) -> None:
     at = _page("overview", None)
     (down,) = [e.value for e in at.error if "is down" in e.value]
     assert "](http" not in down and r"\[x\]\(http\:\/\/evil\)" in down
+    # A model name the target reports: in tables (plain text), never in Markdown as a link.
+    q.set_target_health(store, row.id, ok=True, message=None, ts=time.time(), model_name=evil)
+    for page in ("overview", "targets", "live", "tail"):
+        at = _page(page, None)
+        markdown = [m.value for m in (*at.markdown, *at.caption, *at.error, *at.warning)]
+        assert not [m for m in markdown if "](http" in m], page
+    models = _page("overview", None).dataframe[0].value["model"]
+    assert list(models) == [evil]
