@@ -69,7 +69,7 @@ def _reports() -> None:
                     "engine histograms, at most": r.histogram_upper,
                     "histogram reading": r.histogram_label,
                     "budget spent": r.budget_spent,
-                    "burn rate": r.burn_rate,
+                    "burn rate (last hour)": r.burn_rate,
                     "budget from": r.budget_source,
                 }
                 for r in reports
@@ -91,10 +91,14 @@ def _reports() -> None:
             ),
             "engine histograms, at most": st.column_config.NumberColumn(format="percent"),
             "budget spent": st.column_config.NumberColumn(
-                format="percent", help="bad requests over the allowance (1 - share)"
+                format="percent",
+                help="bad requests over the allowance (1 - share), over the SLO's window",
             ),
-            "burn rate": st.column_config.NumberColumn(
-                format="%.2f", help="1.0 spends exactly the allowance over the window"
+            "burn rate (last hour)": st.column_config.NumberColumn(
+                format="%.2f",
+                help="the last hour's bad share over the allowance: at 1.0 the budget lasts "
+                "exactly the window; Google's SRE workbook pages at 14.4 (2% of a 30-day "
+                "budget in one hour)",
             ),
         },
     )

@@ -41,51 +41,78 @@ class SloReport(BaseModel):
     histogram_meets: bool | None
     histogram_requests: float
     budget_spent: float | None
-    burn_rate: float | None
+    burn_rate: float | None  # over the last `burn_window_s`: 1.0 spends the budget on time
+    burn_window_s: float
     budget_source: str
     notes: list[str]
 
 
+# Burn rate is judged over the last hour (Google's SRE workbook pages on it at 14.4x), the
+# budget over the SLO's own window.
+BURN_WINDOW_S = 3600.0
+
+
+Judged = tuple[
+    slo_math.Compliance | None,
+    slo_math.HistogramCompliance | None,
+    slo_math.ErrorBudget | None,
+    str,
+]
+
+
+def _budget(
+    store: Engine, target_id: int, slo: slo_math.SLO, now: float, window_s: float
+) -> Judged:
+    """Compliance over the `window_s` ending `now`, exact from probe records and bounded
+    from the engine's histograms, and the error budget those counts give."""
+    rec = q.target_records(store, target_id, now - window_s, now)
+    exact = None
+    if len(rec):
+        per_token = rec["tpot_s"] if slo.per_token == "tpot" else rec["itl_max_s"]
+        exact = slo_math.compliance_from_records(
+            [None if pd.isna(x) else float(x) for x in rec["ttft_s"]],
+            [None if pd.isna(x) else float(x) for x in per_token],
+            rec["ok"].tolist(),
+            slo,
+        )
+    ttft_b = d.histogram_increase(store, target_id, "ttft", now, window_s)
+    tok_b = d.histogram_increase(store, target_id, slo.per_token, now, window_s)
+    hist = None
+    if _complete(ttft_b) and _complete(tok_b):
+        hist = slo_math.compliance_from_histograms(ttft_b, tok_b, slo)
+    # The budget from exact records when there are any, else the histogram's pessimistic
+    # bound. The counts cover the whole window asked for (a rolling window).
+    elapsed = min(window_s, slo.window_s)
+    if exact is not None and exact.total:
+        budget = slo_math.error_budget(slo, exact.bad, exact.total, elapsed)
+        source = "probe records (exact)"
+    elif hist is not None and hist.requests:
+        bad = (1 - hist.lower) * hist.requests
+        budget = slo_math.error_budget(slo, bad, hist.requests, elapsed)
+        source = "engine histograms (lower bound of compliance: pessimistic)"
+    else:
+        budget, source = None, "no requests in the window"
+    return exact, hist, budget, source
+
+
 def slo_reports(store: Engine, now: float | None = None) -> list[SloReport]:
-    """Every SLO on every target it applies to, over its window ending now."""
+    """Every SLO on every target it applies to: compliance and budget spent over its window
+    ending now, the burn rate over the last hour of it."""
     now = time.time() if now is None else now
     targets = q.list_targets(store)
     out = []
     for _, name, target_id, spec in q.list_slos(store):
         slo = slo_math.parse_slo(spec)
         for t in [t for t in targets if target_id in (None, t.id)]:
-            start = now - slo.window_s
-            rec = q.target_records(store, t.id, start, now)
-            exact = None
-            if len(rec):
-                exact = slo_math.compliance_from_records(
-                    [None if pd.isna(x) else float(x) for x in rec["ttft_s"]],
-                    [None if pd.isna(x) else float(x) for x in rec["tpot_s"]],
-                    rec["ok"].tolist(),
-                    slo,
-                )
-            per_token = "tpot" if slo.per_token == "tpot" else "itl"
-            ttft_b = d.histogram_increase(store, t.id, "ttft", now, slo.window_s)
-            tok_b = d.histogram_increase(store, t.id, per_token, now, slo.window_s)
-            hist = None
-            if _complete(ttft_b) and _complete(tok_b):
-                hist = slo_math.compliance_from_histograms(ttft_b, tok_b, slo)
-            # The budget from exact records when there are any, else the histogram's
-            # pessimistic bound.
-            if exact is not None:
-                budget = slo_math.error_budget(slo, exact.bad, exact.total)
-                source = "probe records (exact)"
-            elif hist is not None and hist.requests:
-                budget = slo_math.error_budget(slo, (1 - hist.lower) * hist.requests, hist.requests)
-                source = "engine histograms (lower bound of compliance: pessimistic)"
-            else:
-                budget, source = None, "no requests in the window"
+            exact, hist, budget, source = _budget(store, t.id, slo, now, slo.window_s)
+            burn_window = min(BURN_WINDOW_S, slo.window_s)
+            *_, recent, _ = _budget(store, t.id, slo, now, burn_window)
             out.append(
                 SloReport(
                     slo=name,
                     target=t.name,
                     promise=slo.describe(),
-                    records=len(rec),
+                    records=0 if exact is None else int(exact.total),
                     exact_share=None if exact is None else _num(exact.share),
                     exact_meets=None if exact is None else exact.meets,
                     histogram_lower=_num(hist.lower) if hist else None,
@@ -94,7 +121,10 @@ def slo_reports(store: Engine, now: float | None = None) -> list[SloReport]:
                     histogram_meets=hist.meets if hist else None,
                     histogram_requests=hist.requests if hist else 0.0,
                     budget_spent=None if budget is None else _num(budget.spent),
-                    burn_rate=None if budget is None else _num(budget.burn_rate),
+                    burn_rate=None
+                    if budget is None
+                    else (0.0 if recent is None else _num(recent.burn_rate)),
+                    burn_window_s=burn_window,
                     budget_source=source,
                     notes=(list(hist.notes) if hist else [])
                     + (list(budget.notes) if budget else []),

@@ -49,13 +49,15 @@ def run_records(store: Engine, run_id: int) -> pd.DataFrame:
 
 
 def target_records(store: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
-    """Requests probes sent to a target, scheduled in [start, end]: ttft_s, tpot_s, ok."""
+    """Requests probes sent to a target, scheduled in [start, end]: ttft_s, tpot_s,
+    itl_max_s (each request's longest gap between tokens, what an ITL bound holds), ok."""
     cols = [
         RequestRecord.scheduled_ts,
         RequestRecord.first_token_ts,
         RequestRecord.end_ts,
         RequestRecord.output_tokens,
         RequestRecord.status,
+        RequestRecord.itl_ms,
     ]
     with store.connect() as conn:
         rows = conn.execute(
@@ -70,4 +72,5 @@ def target_records(store: Engine, target_id: int, start: float, end: float) -> p
         ).all()
     frame = pd.DataFrame(rows, columns=[c.key for c in cols])
     frame["ok"] = frame["status"] == "ok"
+    frame["itl_max_s"] = [max(gaps) / 1000 if gaps else None for gaps in frame.pop("itl_ms")]
     return add_latency_columns(frame)

@@ -20,8 +20,8 @@ from storage.settings import Settings
 PEOPLE = {"viewer": "vera", "operator": "omar", "admin": "ada"}
 OWNER = Actor("root", Role.ADMIN, Origin.CLI)
 
-# (page, control label or its start) -> the roles that may use it: enabled for them, absent or disabled
-# for the others.
+# (page, control label or its start) -> the roles that may use it: enabled for them,
+# absent or disabled for the others.
 MATRIX: dict[tuple[str, str], set[str]] = {
     ("probes", "Start"): {"operator", "admin"},
     ("alerts", "Restore the"): {"admin"},  # ... missing default rule(s)
