@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from probes.engine import group_pids
+from storage import dashboards
 from storage import queries as q
 from storage.db import open_store
 from tests.e2e.browser import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, chromium_missing
@@ -76,6 +77,9 @@ def test_kvscope_up_brings_the_console_up_on_live_engine_data(tmp_path: Path) ->
             time.sleep(1)
         target = q.get_target(store, "embedded")
         assert target.health == "up" and target.num_gpu_blocks == 512  # 16 MiB / 32 KiB
+        # The Overview's own read: the engine's KV usage has reached it (a number, 0 to 1).
+        (row,) = dashboards.overview(store)
+        assert row.kv_usage is not None and 0.0 <= row.kv_usage <= 1.0, row
         with sync_playwright() as pw:
             ctx = pw.chromium.launch_persistent_context(
                 str(tmp_path / "profile"),
@@ -85,6 +89,9 @@ def test_kvscope_up_brings_the_console_up_on_live_engine_data(tmp_path: Path) ->
                 viewport={"width": 1400, "height": 1000},
             )
             page = ctx.new_page()
+            page.goto(f"{console}/", timeout=60_000)  # the Overview, with its targets table
+            page.wait_for_selector('[data-testid="stDataFrame"]', timeout=60_000)
+            assert page.locator('[data-testid="stException"]').count() == 0
             page.goto(f"{console}/live", timeout=60_000)
             page.wait_for_function(
                 "() => document.querySelectorAll('.js-plotly-plot').length >= 6", timeout=60_000
