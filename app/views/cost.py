@@ -269,7 +269,7 @@ def _queueing() -> None:
     c = st.columns(4)
     c[0].metric("Arrival rate", f"{m.rate:.2f}/s")
     c[1].metric("Arrival CV", f"{m.ca:.2f}")
-    c[2].metric("Mean service", f"{m.service_s:.3f} s", help="sent to end of the stream")
+    c[2].metric("Mean service", f"{m.service_s:.3f} s", help=m.service_note)
     c[3].metric("Service CV", f"{m.cs:.2f}")
     try:
         est = queue_estimate(m.rate, m.service_s, int(servers), m.ca, m.cs)
@@ -283,12 +283,33 @@ def _queueing() -> None:
         help=f"utilisation {est.rho:.0%}",
     )
     d[1].metric(
-        "Engine queue time p50 (measured)",
-        "-" if m.engine_queue_p50_s is None else f"{m.engine_queue_p50_s * 1000:.1f} ms",
-        help="from vLLM's request_queue_time histogram over the run",
+        "Engine mean queue time (measured)",
+        "-" if m.engine_queue_mean_s is None else f"{m.engine_queue_mean_s * 1000:.1f} ms",
+        help="vLLM's request_queue_time histogram over the run, its sum over its count: "
+        "a mean, like the prediction"
+        + (
+            ""
+            if m.engine_queue_p50_s is None
+            else f" (its median: {m.engine_queue_p50_s * 1000:.1f} ms)"
+        ),
     )
     d[2].metric(
         "Client TTFT p50 (measured)",
         "-" if m.client_ttft_p50_s is None else f"{m.client_ttft_p50_s * 1000:.1f} ms",
     )
+    strained = []
+    if est.rho < 0.5:
+        strained.append(
+            f"at {est.rho:.0%} utilisation Kingman's heavy-traffic formula is loose "
+            "(it is built for a busy server)"
+        )
+    if est.rho > 0.9:
+        strained.append(
+            f"at {est.rho:.0%} utilisation the wait swings with every small change of rate "
+            "or service time"
+        )
+    if m.ca > 1.2:
+        strained.append(f"arrivals are bursty (CV {m.ca:.2f}): waits come in waves")
+    for line in strained:
+        st.warning(f"Where the model strains: {line}.")
     st.caption(f"A thinking tool, not a forecast. {est.limits}")

@@ -261,6 +261,7 @@ class HistogramDelta(Figures):
     p50: float | None = None
     p95: float | None = None
     p99: float | None = None
+    mean: float | None = None  # the histogram's _sum over its _count: exact, not bucketed
 
 
 def _sum(scrape: ParsedScrape, series: str) -> float | None:
@@ -296,7 +297,9 @@ def histogram_delta(before: ParsedScrape, after: ParsedScrape, histogram: str) -
         return None if math.isnan(v) else v
 
     count = pairs[-1][1] if pairs else 0.0
-    return HistogramDelta(count=count, p50=q(0.5), p95=q(0.95), p99=q(0.99))
+    total = counter_delta(before, after, f"{histogram}_sum")
+    mean = total / count if total is not None and count else None
+    return HistogramDelta(count=count, p50=q(0.5), p95=q(0.95), p99=q(0.99), mean=mean)
 
 
 def counter_delta(before: ParsedScrape, after: ParsedScrape, series: str) -> float | None:

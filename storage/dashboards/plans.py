@@ -181,22 +181,36 @@ class QueueInputs(BaseModel):
     ca: float
     service_s: float
     cs: float
+    engine_queue_mean_s: float | None
     engine_queue_p50_s: float | None
     client_ttft_p50_s: float | None
+    service_note: str
 
 
 def queue_inputs(store: Engine, run_id: int) -> QueueInputs:
     """Arrival and service variability from a latency run's own request records.
 
-    Arrivals are the scheduled send times; a request's service time is its whole stay in
-    the engine once sent (sent to end), the closest a client can see of it.
+    Arrivals are the scheduled send times. A request's stay once sent (sent to end) holds
+    its wait in the engine's queue too; Kingman's service time must not, so the engine's
+    mean queue time over the run (its histogram's sum over count) is taken off each stay.
+    The wait to compare the prediction with is that same mean, not a median.
     """
     run = q.get_run(store, run_id)
     rec = q.run_records(store, run_id)
     ok = rec[rec["status"] == "ok"]
-    service = (ok["end_ts"] - ok["sent_ts"]).dropna().tolist()
-    v = measure_variability(sorted(rec["scheduled_ts"].tolist()), service)
     engine_q = (run.summary.get("engine") or {}).get("queue_time") or {}
+    queue_mean = engine_q.get("mean")
+    stays = (ok["end_ts"] - ok["sent_ts"]).dropna()
+    if queue_mean is not None:
+        service = (stays - queue_mean).clip(lower=0.0).tolist()
+        note = (
+            f"sent to end of the stream, less the engine's mean queue time "
+            f"({queue_mean * 1000:.1f} ms)"
+        )
+    else:
+        service = stays.tolist()
+        note = "sent to end of the stream: the engine reported no queue time, so it is inside"
+    v = measure_variability(sorted(rec["scheduled_ts"].tolist()), service)
     return QueueInputs(
         run_id=run_id,
         requests=len(rec),
@@ -204,6 +218,8 @@ def queue_inputs(store: Engine, run_id: int) -> QueueInputs:
         ca=v.ca,
         service_s=v.service_s,
         cs=v.cs,
+        engine_queue_mean_s=queue_mean,
         engine_queue_p50_s=engine_q.get("p50"),
         client_ttft_p50_s=(run.summary.get("ttft_s") or {}).get("p50"),
+        service_note=note,
     )
