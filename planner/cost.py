@@ -283,6 +283,47 @@ def cost_frame(inputs: CostInputs, shares: ShareTable) -> CostFrame:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """Why a reserve must already be running: a replica started when a surge comes serves
+    nobody for its whole cold start, and the requests it was started for wait or miss."""
+
+    cold_start_s: float
+    surges: float
+    violations_per_surge: float
+    violations: float
+    cost_on_demand: float
+    cost_one_reserve: float
+
+
+def cold_start_cost(
+    inputs: CostInputs, base_replicas: int, cold_start_s: float, surges_per_hour: float
+) -> ColdStart:
+    """Scaling on demand against one replica kept in reserve, over `inputs.hours`.
+
+    Each surge needs one more replica; started then, for `cold_start_s` the load it was
+    meant to take (one replica's share of the traffic) is not served in time and counts as
+    outside the SLO. A rough, labelled model: bigger surges cost more."""
+    _finite(cold_start_s, "cold start (s)")
+    _finite(surges_per_hour, "surges per hour")
+    if base_replicas < 1:
+        raise InvalidInput(f"the base load needs at least one replica, got {base_replicas}")
+    per_replica_rps = inputs.requests_per_hour / 3600 / base_replicas
+    per_surge = per_replica_rps * cold_start_s
+    surges = surges_per_hour * inputs.hours
+    violations = per_surge * surges
+    return ColdStart(
+        cold_start_s=cold_start_s,
+        surges=surges,
+        violations_per_surge=per_surge,
+        violations=violations,
+        cost_on_demand=violations * inputs.cost_per_violation,
+        cost_one_reserve=cost_of_reserve(
+            inputs.price_per_gpu_hour, inputs.gpus_per_replica, inputs.hours
+        ),
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # The degradation ladder
 # ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from planner.cost import (
     CostInputs,
     Degradation,
     ShareTable,
+    cold_start_cost,
     cost_frame,
     deferred_queue,
     fewer_chunks,
@@ -31,7 +32,7 @@ from planner.models import load_preset, preset_names
 from planner.queueing import queue_estimate
 from storage import queries
 from storage.access import changes
-from storage.dashboards import measured_points, queue_inputs
+from storage.dashboards import measured_cold_starts, measured_points, queue_inputs
 
 
 def render() -> None:
@@ -76,6 +77,8 @@ def render() -> None:
                 "violations = share of requests outside the SLO x requests x cost per "
                 f"violation. Shares: {frame.source}. " + " ".join(frame.notes)
             )
+    if inputs is not None:
+        _cold_start(inputs)
     st.divider()
     steps = _ladder()
     if st.button("Record this frame", key="cost_record") and inputs is not None:
@@ -313,3 +316,31 @@ def _queueing() -> None:
     for line in strained:
         st.warning(f"Where the model strains: {line}.")
     st.caption(f"A thinking tool, not a forecast. {est.limits}")
+
+
+def _cold_start(inputs: dict[str, Any]) -> None:
+    st.subheader("Why the reserve must already be running")
+    measured = measured_cold_starts(common.store())
+    c = st.columns(2)
+    if measured:
+        name, took = max(measured.items(), key=lambda kv: kv[1])
+        default, where = took, f"measured: engine {name}'s last start took {took:g} s"
+    else:
+        default, where = 120.0, "no managed engine has started yet: an estimate"
+    cold = c[0].number_input("Cold start, start to healthy (s)", 0.0, value=default, help=where)
+    surges = c[1].number_input("Surges per hour that need one more replica", 0.0, value=1.0)
+    try:
+        frame = cold_start_cost(inputs["costs"], inputs["base"], cold, surges)
+    except KvscopeError as err:
+        st.error(str(err))
+        return
+    st.markdown(
+        f"Started when a surge comes, a replica serves nobody for {frame.cold_start_s:g} s "
+        f"({where}): about {frame.violations_per_surge:,.0f} requests a surge wait or miss "
+        f"the SLO, {frame.violations:,.0f} over the period, **${frame.cost_on_demand:,.2f}**. "
+        f"One replica kept in reserve costs **${frame.cost_one_reserve:,.2f}**."
+    )
+    st.caption(
+        "A rough model: the load one replica takes goes unserved for the whole cold start; "
+        "a bigger surge, or a longer start (a larger model, a cold cache), costs more."
+    )

@@ -223,3 +223,14 @@ def queue_inputs(store: Engine, run_id: int) -> QueueInputs:
         client_ttft_p50_s=(run.summary.get("ttft_s") or {}).get("p50"),
         service_note=note,
     )
+
+
+def measured_cold_starts(store: Engine) -> dict[str, float]:
+    """Each managed engine's last measured time from start to healthy, in seconds."""
+    out: dict[str, float] = {}
+    for name, _, _ in q.list_engine_specs(store):
+        state = q.get_state(store, f"engine:{name}")
+        took = ((state[0].get("facts") or {}) if state else {}).get("time_to_healthy_s")
+        if isinstance(took, int | float):
+            out[name] = float(took)
+    return out

@@ -268,3 +268,20 @@ def test_ladder_refusals() -> None:
         deferred_queue(1.0)
     with pytest.raises(InvalidInput, match="name"):
         Degradation(" ")
+
+
+def test_a_cold_start_costs_the_requests_a_late_replica_misses() -> None:
+    from planner.cost import cold_start_cost
+
+    inputs = CostInputs(
+        price_per_gpu_hour=2.0, gpus_per_replica=2, hours=100, requests_per_hour=36_000,
+        cost_per_violation=0.05,
+    )  # fmt: skip
+    got = cold_start_cost(inputs, base_replicas=2, cold_start_s=30, surges_per_hour=2)
+    # One replica's share is 5 req/s; 30 s cold: 150 requests a surge, 200 surges.
+    assert got.violations_per_surge == pytest.approx(150)
+    assert got.violations == pytest.approx(30_000)
+    assert got.cost_on_demand == pytest.approx(1_500)
+    assert got.cost_one_reserve == pytest.approx(400)  # 2 GPUs x $2 x 100 h
+    with pytest.raises(InvalidInput, match="at least one replica"):
+        cold_start_cost(inputs, base_replicas=0, cold_start_s=30, surges_per_hour=2)

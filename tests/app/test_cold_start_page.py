@@ -1,0 +1,28 @@
+"""The Cost page weighs scaling on demand against a reserve with the engine's own measured
+cold start (its last time from start to healthy), or says it is an estimate."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+from probes.engine.spec import embedded_spec
+from storage import queries as q
+from storage.dashboards import measured_cold_starts
+from storage.settings import Settings
+from tests.support.pages import run_page
+
+
+def test_the_measured_cold_start_enters_the_cost_frame(store: Engine, settings: Settings) -> None:
+    at = run_page("cost")
+    assert any("no managed engine has started yet" in m.value for m in at.markdown)
+    spec = embedded_spec(settings)
+    q.save_engine_spec(store, spec.name, spec.model_dump())
+    q.put_state(
+        store, "engine:embedded", {"name": "embedded", "facts": {"time_to_healthy_s": 24.0}}
+    )
+    assert measured_cold_starts(store) == {"embedded": 24.0}
+    at = run_page("cost")
+    (line,) = [m.value for m in at.markdown if "serves nobody for" in m.value]
+    assert "engine embedded's last start took 24 s" in line
+    # 36,000 req/h over 2 base replicas: 5 req/s a replica, 24 s: 120 requests a surge.
+    assert "about 120 requests a surge" in line
