@@ -324,6 +324,45 @@ def cold_start_cost(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RetryLoad:
+    """How much load a retry policy puts on a service whose requests fail at some share."""
+
+    failure_share: float
+    max_retries: int
+    attempts_unbounded: float  # attempts per request with every retry taken
+    attempts: float  # with the retry budget applied, if one is
+    budget: float | None
+    budget_binds: bool
+
+
+def retry_amplification(
+    failure_share: float, max_retries: int, budget: float | None = None
+) -> RetryLoad:
+    """Attempts per request when each attempt fails independently with `failure_share`
+    and a client retries up to `max_retries` times: 1 + p + ... + p^r. A retry budget
+    (retries at most `budget` x first attempts, the seed's advice, with backoff and jitter)
+    caps it at 1 + budget, however high failures climb: an overloaded service that fails
+    more is not also sent more."""
+    if math.isnan(failure_share) or not 0 <= failure_share <= 1:
+        raise InvalidInput(f"failure share is from 0 to 1, got {failure_share}")
+    if max_retries < 0:
+        raise InvalidInput(f"retries must be 0 or more, got {max_retries}")
+    if budget is not None and (math.isnan(budget) or budget < 0):
+        raise InvalidInput(f"a retry budget is a share of requests, 0 or more, got {budget}")
+    p = failure_share
+    unbounded = float(max_retries + 1) if p == 1 else (1 - p ** (max_retries + 1)) / (1 - p)
+    attempts = unbounded if budget is None else min(unbounded, 1 + budget)
+    return RetryLoad(
+        failure_share=p,
+        max_retries=max_retries,
+        attempts_unbounded=unbounded,
+        attempts=attempts,
+        budget=budget,
+        budget_binds=budget is not None and unbounded > 1 + budget,
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # The degradation ladder
 # ---------------------------------------------------------------------------------------

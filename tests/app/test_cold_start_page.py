@@ -26,3 +26,11 @@ def test_the_measured_cold_start_enters_the_cost_frame(store: Engine, settings: 
     assert "engine embedded's last start took 24 s" in line
     # 36,000 req/h over 2 base replicas: 5 req/s a replica, 24 s: 120 requests a surge.
     assert "about 120 requests a surge" in line
+
+
+def test_the_cost_page_shows_what_retries_do_to_the_load(store: Engine) -> None:
+    at = run_page("cost")
+    shown = {m.label: m.value for m in at.metric}
+    # Defaults: 20% fail, 3 retries, budget 0.1: 1.248x unbounded, 1.10x with the budget.
+    assert shown["Load without a budget"] == "1.25x" and shown["Load with the budget"] == "1.10x"
+    assert any("The budget binds" in c.value for c in at.caption)

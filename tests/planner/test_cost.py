@@ -285,3 +285,17 @@ def test_a_cold_start_costs_the_requests_a_late_replica_misses() -> None:
     assert got.cost_one_reserve == pytest.approx(400)  # 2 GPUs x $2 x 100 h
     with pytest.raises(InvalidInput, match="at least one replica"):
         cold_start_cost(inputs, base_replicas=0, cold_start_s=30, surges_per_hour=2)
+
+
+def test_retries_multiply_the_load_and_a_budget_bounds_it() -> None:
+    from planner.cost import retry_amplification
+
+    assert retry_amplification(0.0, 3).attempts == 1.0
+    # 1 + 0.2 + 0.04 + 0.008 attempts per request.
+    assert retry_amplification(0.2, 3).attempts == pytest.approx(1.248)
+    assert retry_amplification(1.0, 3).attempts == 4.0  # everything fails: every retry taken
+    capped = retry_amplification(0.5, 5, budget=0.1)
+    assert capped.attempts_unbounded == pytest.approx(1.96875) and capped.attempts == 1.1
+    assert capped.budget_binds and not retry_amplification(0.01, 5, budget=0.1).budget_binds
+    with pytest.raises(InvalidInput, match="failure share is from 0 to 1"):
+        retry_amplification(1.5, 3)
