@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, assert_never
 
 from app.exports.promql import (
+    BUCKET_EDGES,
     BY,
     duration,
+    edge_at_or_below,
     gauge,
     newest,
     number,
@@ -21,17 +23,45 @@ from app.exports.promql import (
     per_second,
     quantile,
     selectors,
+    share_within,
     string,
     tail_ratio,
 )
 from app.exports.yamlout import to_yaml
+from planner.slo import SLO
 from probes.alerting.rules import MIN_COUNT, AlertRule, RuleKind
 
 # The request-rate resolution the kv_slope steadiness test looks at (the evaluator's 60 s).
 REQUEST_RATE_RANGE = "1m"
 
 
-def _expr(rule: AlertRule, matchers: str, job: str) -> str:
+def _burn(slo: SLO, matchers: str, window_s: float) -> str:
+    """Burn rate of the SLO's budget over a window: the bad share over the allowance. The
+    bad share is TTFT's plus the per-token's, each read at the bucket edge at or below its
+    bound: the pessimistic reading, as kvscope's SLOs page (docs/exports.md)."""
+    w = duration(window_s)
+    bad = []
+    for metric, bound in (("ttft", slo.ttft_s), (slo.per_token, slo.tpot_s)):
+        edge = edge_at_or_below(metric, bound)
+        assert edge is not None  # burn_edges() refused the rule otherwise
+        bad.append(f"(1 - (\n{share_within(metric, edge, matchers, w)}\n))")
+    return f"(\n{' + '.join(bad)}\n) / {number(slo.allowance)}"
+
+
+def burn_edges(slo: SLO) -> str | None:
+    """Why the SLO's bounds cannot be read from vLLM's buckets (a bound below the smallest
+    edge), or None when they can."""
+    for metric, bound in (("ttft", slo.ttft_s), (slo.per_token, slo.tpot_s)):
+        if edge_at_or_below(metric, bound) is None:
+            smallest = BUCKET_EDGES[metric][0]
+            return (
+                f"the {metric.upper()} bound {bound:g} s is below vLLM's smallest bucket "
+                f"({smallest} s)"
+            )
+    return None
+
+
+def _expr(rule: AlertRule, matchers: str, job: str, slo: SLO | None = None) -> str:
     """The rule's condition in PromQL; its value is what the annotation reports."""
     t, w = number(rule.threshold), duration(rule.window_s)
     kind = rule.kind
@@ -68,6 +98,10 @@ def _expr(rule: AlertRule, matchers: str, job: str) -> str:
             f"and\n{observations('output_len', matchers, w)} >= {MIN_COUNT}\n"
             f"and\n{observations('output_len', matchers, w, offset=w)} >= {MIN_COUNT}"
         )
+    if kind is RuleKind.SLO_BURN:
+        assert slo is not None  # prometheus_rules() leaves the rule out without an SLO
+        long, short = _burn(slo, matchers, rule.window_s), _burn(slo, matchers, rule.short_window_s)
+        return f"{long}\n> {t}\nand\n{short}\n> {t}"
     up = ", ".join(m for m in (f"job={string(job)}", matchers) if m)
     if kind is RuleKind.TARGET_DOWN:
         return f"up{{{up}}} == 0"
@@ -94,6 +128,7 @@ _VALUE_WORDS: dict[RuleKind, str] = {
     RuleKind.OUTPUT_TAIL: "p99 output length {{ $value | humanize }}x the window before",
     RuleKind.TARGET_DOWN: "up is 0",
     RuleKind.ENGINE_RESTARTING: "{{ $value }} restart(s)",
+    RuleKind.SLO_BURN: "burn rate {{ $value | humanize }}x",
 }
 
 
@@ -112,7 +147,9 @@ def _alert_name(rule: AlertRule) -> str:
     return "Kvscope" + "".join(w[0].upper() + w[1:] for w in words)
 
 
-def _alert(rule: AlertRule, job: str, instances: Mapping[str, str]) -> dict[str, Any]:
+def _alert(
+    rule: AlertRule, job: str, instances: Mapping[str, str], slo: SLO | None
+) -> dict[str, Any]:
     instance = instances.get(rule.target) if rule.target else None
     matchers = f"instance={string(instance)}" if instance else ""
     scope = "watches every instance"
@@ -127,7 +164,7 @@ def _alert(rule: AlertRule, job: str, instances: Mapping[str, str]) -> dict[str,
         )
     return {
         "alert": _alert_name(rule),
-        "expr": _expr(rule, matchers, job),
+        "expr": _expr(rule, matchers, job, slo),
         "for": duration(rule.for_s),
         "labels": {"severity": rule.severity, "kvscope_rule": _literal(rule.name)},
         "annotations": {
@@ -139,22 +176,36 @@ def _alert(rule: AlertRule, job: str, instances: Mapping[str, str]) -> dict[str,
     }
 
 
+def left_out(rules: Sequence[AlertRule], slo: SLO | None) -> dict[str, str]:
+    """Enabled rules the export cannot write, by name, with why: a burn-rate rule needs an
+    SLO whose bounds vLLM's buckets can read."""
+    out = {}
+    for rule in rules:
+        if rule.enabled and rule.kind is RuleKind.SLO_BURN:
+            why = "no SLO to burn: pass one (the SLOs page's)" if slo is None else burn_edges(slo)
+            if why:
+                out[rule.name] = why
+    return out
+
+
 def prometheus_rules(
     rules: Sequence[AlertRule],
     group: str = "kvscope",
     job: str = "vllm",
     instances: Mapping[str, str] | None = None,
+    slo: SLO | None = None,
 ) -> dict[str, Any]:
     """A Prometheus alerting-rules document with one alert per enabled rule.
 
     `job` is the scrape job of the vLLM servers (for `up` and the process metrics);
     `instances` maps kvscope target names to Prometheus `instance` values, which narrows
-    rules that name a target.
+    rules that name a target; `slo` is the promise the burn-rate rules watch (without it,
+    they are left out: `left_out` says which).
     """
     mapping = instances or {}
-    return {
-        "groups": [{"name": group, "rules": [_alert(r, job, mapping) for r in rules if r.enabled]}]
-    }
+    skip = left_out(rules, slo)
+    alerts = [_alert(r, job, mapping, slo) for r in rules if r.enabled and r.name not in skip]
+    return {"groups": [{"name": group, "rules": alerts}]}
 
 
 def prometheus_rules_yaml(
@@ -162,7 +213,11 @@ def prometheus_rules_yaml(
     group: str = "kvscope",
     job: str = "vllm",
     instances: Mapping[str, str] | None = None,
+    slo: SLO | None = None,
 ) -> str:
-    """`prometheus_rules` as the YAML file Prometheus' `rule_files` and promtool read."""
+    """`prometheus_rules` as the YAML file Prometheus' `rule_files` and promtool read; the
+    rules left out are named in its header."""
     header = "# Prometheus alerting rules exported by kvscope; see docs/exports.md.\n"
-    return header + to_yaml(prometheus_rules(rules, group, job, instances))
+    for name, why in left_out(rules, slo).items():
+        header += f"# not exported: {name!r}: {why}\n"
+    return header + to_yaml(prometheus_rules(rules, group, job, instances, slo))

@@ -16,6 +16,37 @@ from storage.names import METRICS, Kind
 # add `le`; an alert or a line is per scraped server and model.
 BY = "instance, model_name"
 
+# vLLM's bucket edges for the latency histograms an SLO bounds, as it prints them
+# (vllm/v1/metrics/loggers.py in 0.10 to 0.32; the same in
+# tests/fixtures/metrics/vllm_cpu_0.32.0_loaded.txt). PromQL cannot interpolate inside a
+# classic histogram, so a share "within the bound" is read at an edge.
+_TTFT_EDGES = (
+    "0.001 0.005 0.01 0.02 0.04 0.06 0.08 0.1 0.25 0.5 0.75 1.0 2.5 5.0 7.5 10.0 20.0 40.0 "
+    "80.0 160.0 640.0 2560.0"
+)
+_TOKEN_EDGES = (
+    "0.01 0.025 0.05 0.075 0.1 0.15 0.2 0.3 0.4 0.5 0.75 1.0 2.5 5.0 7.5 10.0 20.0 40.0 80.0"
+)
+BUCKET_EDGES: dict[str, tuple[str, ...]] = {
+    "ttft": tuple(_TTFT_EDGES.split()),
+    "itl": tuple(_TOKEN_EDGES.split()),
+    "tpot": tuple(_TOKEN_EDGES.split()),
+}
+
+
+def edge_at_or_below(canonical: str, bound: float) -> str | None:
+    """The largest bucket edge not above `bound`, as vLLM prints it; None below them all."""
+    edges = [e for e in BUCKET_EDGES[canonical] if float(e) <= bound]
+    return edges[-1] if edges else None
+
+
+def share_within(canonical: str, edge: str, matchers: str, window: str) -> str:
+    """The share of a histogram's observations in the window at or below `edge`."""
+    with_le = ", ".join(m for m in (matchers, f"le={string(edge)}") if m)
+    within = per_second(canonical, with_le, window, "bucket")
+    every = per_second(canonical, matchers, window, "count")
+    return f"sum by ({BY}) ({within})\n/\nsum by ({BY}) ({every})"
+
 
 def duration(seconds: float) -> str:
     """A Prometheus duration string: 600 -> `10m`, 90 -> `1m30s`, 0.25 -> `250ms`."""

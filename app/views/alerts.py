@@ -12,6 +12,7 @@ import streamlit as st
 from app import common
 from app.exports import grafana_dashboard_json, prometheus_rules_yaml
 from planner.errors import KvscopeError
+from planner.slo import SLO, parse_slo
 from probes.alerting import changes
 from probes.alerting.rules import DEFAULT_RULES, ParsedRules, RuleKind, rules_from_rows
 from storage import queries
@@ -195,12 +196,20 @@ def _history() -> None:
     )
 
 
+def _global_slo() -> SLO | None:
+    """The SLO for every target, which the exported burn-rate rules watch."""
+    for _, _, target_id, spec in queries.list_slos(common.store()):
+        if target_id is None:
+            return parse_slo(spec)
+    return None
+
+
 def _exports(parsed: ParsedRules) -> None:
     st.subheader("For Prometheus and Grafana")
     c1, c2 = st.columns(2)
     c1.download_button(
         "Prometheus alerting rules (YAML)",
-        prometheus_rules_yaml(list(parsed.valid.values())),
+        prometheus_rules_yaml(list(parsed.valid.values()), slo=_global_slo()),
         file_name="kvscope-rules.yml",
         mime="application/yaml",
     )

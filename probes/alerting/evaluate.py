@@ -17,10 +17,12 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from planner.errors import KvscopeError
+from planner.slo import SLO, parse_slo
 from planner.stats import linear_trend
 from probes.alerting.rules import MIN_COUNT, AlertRule, RuleKind, rules_from_rows
 from storage import derived as d
 from storage import queries as q
+from storage.dashboards import burn_rate
 from storage.schemas import TargetRow
 
 CRASH_EVENTS = ("engine_crashed", "engine_failed")
@@ -71,10 +73,12 @@ def evaluate(
     now: float,
     bound: float | None = None,
     memo: Quantiles | None = None,
+    slo: SLO | None = None,
 ) -> Finding:
     """The rule's condition on one target at `now`. `bound` overrides the threshold of a
-    p99-over-SLO rule when an SLO applies to the target. `memo` shares histogram quantiles
-    between the rules of one pass (the tail-ratio and p99-over-SLO rules read the same)."""
+    p99-over-SLO rule when an SLO applies to the target; `slo` is that SLO, whose budget a
+    burn-rate rule watches. `memo` shares histogram quantiles between the rules of one pass
+    (the tail-ratio and p99-over-SLO rules read the same)."""
     tid, grid = target.id, _grid(now, rule.for_s, rule.window_s)
     memo = {} if memo is None else memo
 
@@ -111,6 +115,8 @@ def evaluate(
         )
     if kind is RuleKind.KV_SLOPE:
         return _kv_slope(store, rule, tid, now)
+    if kind is RuleKind.SLO_BURN:
+        return _burn(store, rule, tid, now, slo)
     if kind is RuleKind.OUTPUT_TAIL:
         w = rule.window_s
         cur = quantiles("output_len", d.point_grid(now, w), w).iloc[-1]
@@ -166,6 +172,22 @@ def _kv_slope(store: Engine, rule: AlertRule, tid: int, now: float) -> Finding:
     return Finding(True, slopes[-1], _slope_words(slopes[-1], True))
 
 
+def _burn(store: Engine, rule: AlertRule, tid: int, now: float, slo: SLO | None) -> Finding:
+    """Both windows burning faster than the threshold: the long one says it is serious,
+    the short one that it is still going on (so the alert resolves soon after it stops)."""
+    if slo is None:
+        return Finding(False, None, "no SLO applies to this target: nothing to burn")
+    long = burn_rate(store, tid, slo, now, rule.window_s)
+    short = burn_rate(store, tid, slo, now, rule.short_window_s)
+    if long is None or short is None:
+        return Finding(False, long, "no requests in the window: nothing burning")
+    words = (
+        f"SLO {slo.name}: burn {long:.3g}x over {rule.window_s / 60:g} min, "
+        f"{short:.3g}x over {rule.short_window_s / 60:g} min"
+    )
+    return Finding(long > rule.threshold and short > rule.threshold, long, words)
+
+
 def _slope_words(slope: float | None, steady: bool) -> str:
     if slope is None:
         return "too few KV samples"
@@ -192,7 +214,7 @@ class AlertEvaluator:
         now = time.time() if now is None else now
         targets = [t for t in q.list_targets(self.store) if t.enabled or t.health == "down"]
         by_name = {t.name: t for t in targets}
-        global_bounds, target_bounds = _slo_bounds(self.store)
+        global_slo, target_slos = _slos(self.store)
         firing = {(a.rule_id, a.target_id): a for a in q.alerts(self.store, state="firing")}
         out = Transition([], [])
         memo: Quantiles = {}
@@ -215,10 +237,11 @@ class AlertEvaluator:
                         q.resolve_alert(self.store, open_alert.id, f"resolved: {message}", now)
                         out.resolved.append(message)
                     continue
+                slo = target_slos.get(target.id, global_slo)
                 bound = None
-                if rule.kind is RuleKind.P99_OVER_SLO and rule.metric:
-                    bound = target_bounds.get(target.id, global_bounds).get(rule.metric)
-                finding = evaluate(self.store, rule, target, now, bound, memo)
+                if rule.kind is RuleKind.P99_OVER_SLO and rule.metric and slo is not None:
+                    bound = _bounds(slo).get(rule.metric)
+                finding = evaluate(self.store, rule, target, now, bound, memo, slo)
                 message = f"{rule.name} on {target.name}: {finding.detail}"
                 open_alert = firing.pop((rule_id, target.id), None)
                 value = (
@@ -240,19 +263,22 @@ class AlertEvaluator:
         return out
 
 
-def _slo_bounds(store: Engine) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    """Bounds of the SLOs: the global one (no target) and each target's own, as
-    {'ttft': s, 'tpot' or 'itl': s}. A target's own SLO wins over the global one."""
-    global_: dict[str, float] = {}
-    per: dict[int, dict[str, float]] = {}
+def _slos(store: Engine) -> tuple[SLO | None, dict[int, SLO]]:
+    """The SLOs: the global one (no target) and each target's own; a target's own wins."""
+    global_: SLO | None = None
+    per: dict[int, SLO] = {}
     for _, _, target_id, spec in q.list_slos(store):
-        bounds: dict[str, float] = {}
-        if spec.get("ttft_s"):
-            bounds["ttft"] = float(spec["ttft_s"])
-        if spec.get("tpot_s"):
-            bounds[str(spec.get("per_token", "tpot"))] = float(spec["tpot_s"])
+        try:
+            slo = parse_slo(spec)
+        except KvscopeError:
+            continue  # a row another version wrote; the SLOs page shows it
         if target_id is None:
-            global_ = global_ or bounds
+            global_ = global_ or slo
         else:
-            per.setdefault(target_id, bounds)
+            per.setdefault(target_id, slo)
     return global_, per
+
+
+def _bounds(slo: SLO) -> dict[str, float]:
+    """An SLO's bounds by metric: {'ttft': s, 'tpot' or 'itl': s}."""
+    return {"ttft": slo.ttft_s, slo.per_token: slo.tpot_s}

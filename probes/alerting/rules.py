@@ -34,6 +34,7 @@ class RuleKind(StrEnum):
     OUTPUT_TAIL = "output_tail"  # p99 output length grew against the window before
     TARGET_DOWN = "target_down"  # the target does not answer
     ENGINE_RESTARTING = "engine_restarting"  # managed engine crashed or restarted
+    SLO_BURN = "slo_burn"  # the SLO's error budget burning fast over a long and a short window
 
 
 DESCRIPTIONS: dict[RuleKind, str] = {
@@ -49,7 +50,14 @@ DESCRIPTIONS: dict[RuleKind, str] = {
     RuleKind.TARGET_DOWN: "the target does not answer its metrics scrape",
     RuleKind.ENGINE_RESTARTING: "the managed engine crashed or restarted at least "
     "{threshold:g} times in {window}",
+    RuleKind.SLO_BURN: "the SLO's error budget burns faster than {threshold:g}x over {window} "
+    "and over {short}",
 }
+
+# A burn-rate rule also looks at a window this many times shorter than its own, so that it
+# resolves soon after the burning stops (Google's SRE workbook: 1 h with 5 min, 6 h with
+# 30 min).
+SHORT_WINDOW_DIVISOR = 12
 
 
 def _span(seconds: float) -> str:
@@ -98,7 +106,13 @@ class AlertRule(BaseModel):
             window=_span(self.window_s),
             metric=(self.metric or "").upper(),
             stable=self.stable_rate,
+            short=_span(self.short_window_s),
         )
+
+    @property
+    def short_window_s(self) -> float:
+        """A burn-rate rule's second, shorter window."""
+        return self.window_s / SHORT_WINDOW_DIVISOR
 
 
 def parse_rule(data: dict[str, Any]) -> AlertRule:
@@ -204,5 +218,23 @@ DEFAULT_RULES: tuple[AlertRule, ...] = (
         for_s=0,
         window_s=900,
         severity="critical",
+    ),
+    # Multi-window burn-rate alerts (Google's SRE workbook, ch. 5): 14.4x over 1 h spends 2%
+    # of a 30-day budget in that hour; 6x over 6 h, 5%.
+    AlertRule(
+        name="SLO budget burning fast",
+        kind=RuleKind.SLO_BURN,
+        threshold=14.4,
+        for_s=0,
+        window_s=3600,
+        severity="critical",
+    ),
+    AlertRule(
+        name="SLO budget burning",
+        kind=RuleKind.SLO_BURN,
+        threshold=6.0,
+        for_s=0,
+        window_s=6 * 3600,
+        severity="warning",
     ),
 )

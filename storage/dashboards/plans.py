@@ -61,13 +61,19 @@ Judged = tuple[
 
 
 def _budget(
-    store: Engine, target_id: int, slo: slo_math.SLO, now: float, window_s: float
+    store: Engine,
+    target_id: int,
+    slo: slo_math.SLO,
+    now: float,
+    window_s: float,
+    records: bool = True,
 ) -> Judged:
-    """Compliance over the `window_s` ending `now`, exact from probe records and bounded
-    from the engine's histograms, and the error budget those counts give."""
-    rec = q.target_records(store, target_id, now - window_s, now)
+    """Compliance over the `window_s` ending `now`, exact from probe records (unless
+    `records` is False) and bounded from the engine's histograms, and the error budget
+    those counts give."""
+    rec = q.target_records(store, target_id, now - window_s, now) if records else None
     exact = None
-    if len(rec):
+    if rec is not None and len(rec):
         per_token = rec["tpot_s"] if slo.per_token == "tpot" else rec["itl_max_s"]
         exact = slo_math.compliance_from_records(
             [None if pd.isna(x) else float(x) for x in rec["ttft_s"]],
@@ -93,6 +99,16 @@ def _budget(
     else:
         budget, source = None, "no requests in the window"
     return exact, hist, budget, source
+
+
+def burn_rate(
+    store: Engine, target_id: int, slo: slo_math.SLO, now: float, window_s: float
+) -> float | None:
+    """How fast the engine's traffic spent the SLO's budget over the `window_s` ending
+    `now` (1.0: on time), from its histograms (all its traffic; the pessimistic bound, as
+    the SLOs page). None without requests in the window."""
+    *_, budget, _ = _budget(store, target_id, slo, now, window_s, records=False)
+    return None if budget is None else budget.burn_rate
 
 
 def slo_reports(store: Engine, now: float | None = None) -> list[SloReport]:

@@ -31,9 +31,14 @@ from app.exports import (
     prometheus_rules_yaml,
     to_yaml,
 )
+from planner.slo import parse_slo
 from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind
 
 PROMTOOL = shutil.which("promtool")
+# The promise the burn-rate rules watch: bounds on vLLM's bucket edges (TTFT 2.5, TPOT 0.1).
+SLO = parse_slo(
+    {"name": "chat", "ttft_s": 2.5, "tpot_s": 0.1, "share": 0.99, "window_s": 30 * 86400}
+)
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool test rules needs Debian's prometheus package"
 )
@@ -196,7 +201,7 @@ def _by_rule(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     "promtool", [None, PROMTOOL], ids=["schema-only", "schema-and-promtool-if-installed"]
 )
 def test_default_rules_file_is_valid(tmp_path: Path, promtool: str | None) -> None:
-    path = _write(tmp_path, prometheus_rules_yaml(DEFAULT_RULES))
+    path = _write(tmp_path, prometheus_rules_yaml(DEFAULT_RULES, slo=SLO))
     assert validate_rules_file(path, promtool) == []
 
 
@@ -232,7 +237,7 @@ def test_schema_check_refuses_a_label_that_is_not_a_string() -> None:
 def test_every_enabled_rule_appears_once_with_its_settings() -> None:
     rules = list(DEFAULT_RULES)
     rules[2] = rules[2].model_copy(update={"enabled": False})
-    by_rule = _by_rule(yaml.safe_load(prometheus_rules_yaml(rules)))
+    by_rule = _by_rule(yaml.safe_load(prometheus_rules_yaml(rules, slo=SLO)))
     assert rules[2].name not in by_rule
     assert len(by_rule) == len(rules) - 1
     for rule in rules[:2] + rules[3:]:
@@ -271,6 +276,33 @@ def test_each_kind_reads_the_right_metrics_in_every_spelling() -> None:
     assert "vllm:request_generation_tokens_bucket" in by_rule["Output lengths growing"]
     assert "changes(process_start_time_seconds" in by_rule["Engine restarting"]
     assert "resets(vllm:prompt_tokens_total[15m])" in by_rule["Engine restarting"]
+
+
+def test_burn_rate_rules_read_the_slos_bounds_at_vllms_bucket_edges() -> None:
+    by_rule = {
+        name: rules[0]["expr"]
+        for name, rules in _by_rule(prometheus_rules(DEFAULT_RULES, slo=SLO)).items()
+    }
+    fast = by_rule["SLO budget burning fast"]
+    # A long and a short window, each: (bad TTFT share + bad TPOT share) / allowance > 14.4.
+    assert fast.count("> 14.4") == 2 and "[1h]" in fast and "[5m]" in fast
+    assert 'vllm:time_to_first_token_seconds_bucket{le="2.5"}' in fast
+    assert 'vllm:request_time_per_output_token_seconds_bucket{le="0.1"}' in fast
+    assert ") / 0.01" in fast
+    assert "[6h]" in by_rule["SLO budget burning"] and "[30m]" in by_rule["SLO budget burning"]
+    # A bound between edges is read at the edge below it (pessimistic); one below every
+    # edge cannot be read, and without an SLO there is nothing to burn: both left out, said.
+    between = SLO.model_copy(update={"ttft_s": 0.3})
+    assert (
+        '{le="0.25"}'
+        in prometheus_rules(DEFAULT_RULES, slo=between)["groups"][0]["rules"][-1]["expr"]
+    )
+    tiny = SLO.model_copy(update={"ttft_s": 0.0005})
+    tiny_why = "the TTFT bound 0.0005 s is below vLLM's smallest bucket (0.001 s)"
+    for promise, why in ((None, "no SLO to burn"), (tiny, tiny_why)):
+        text = prometheus_rules_yaml(DEFAULT_RULES, slo=promise)
+        assert f"# not exported: 'SLO budget burning fast': {why}" in text
+        assert "SLO budget burning" not in _by_rule(yaml.safe_load(text))
 
 
 def test_job_is_a_parameter() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine
 
-from probes.alerting.evaluate import AlertEvaluator, evaluate
+from probes.alerting.evaluate import AlertEvaluator, Finding, evaluate
 from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind, parse_rule
 from storage import queries as q
 from storage.ingest import Point, SampleWriter
@@ -237,3 +237,37 @@ def test_a_rule_over_days_reads_the_rollups(store: Engine) -> None:
     expire(store, Retention(), now=end)  # raw samples older than 48 h are gone
     rule = _rule(RuleKind.KV_LEVEL, threshold=0.9, for_s=3 * 86400)
     assert _at(store, rule, tid, end)  # three days above 90%, read from the 1-hour rollups
+
+
+def test_slo_burn_needs_both_windows_burning(store: Engine) -> None:
+    from planner.slo import parse_slo
+
+    tid = _target(store)
+    slo = parse_slo(
+        {"name": "chat", "ttft_s": 2.5, "tpot_s": 0.1, "share": 0.99, "window_s": 86400}
+    )
+    rule = _rule(RuleKind.SLO_BURN, threshold=10.0, window_s=600)  # and 50 s
+
+    def traffic(t: float) -> dict[str, float]:
+        # Calm for 1200 s, then half the requests take 4 s to a first token for 300 s.
+        calm = min(t - T0, 1200) + max(t - T0 - 1500, 0)
+        bad = max(min(t - T0 - 1200, 300), 0)
+        ttft = _hist("ttft", {0.08: 2.0}, calm)
+        slow = _hist("ttft", {0.08: 1.0, 4.0: 1.0}, bad)
+        tpot = _hist("tpot", {0.05: 2.0}, calm + bad)
+        return {k: ttft[k] + slow[k] for k in ttft} | tpot
+
+    _series(store, tid, T0, T0 + 1700, traffic)
+    target = q.get_target(store, str(tid))
+
+    def burning(now: float) -> Finding:
+        return evaluate(store, rule, target, now, slo=slo)
+
+    assert not burning(T0 + 1100).active
+    fired = burning(T0 + 1450)
+    assert fired.active and fired.value is not None and fired.value > 10, fired
+    assert "SLO chat: burn" in fired.detail
+    # Just after it stops, the hour still looks bad but the short window is calm: resolved.
+    after = burning(T0 + 1600)
+    assert not after.active and after.value is not None and after.value > 10, after
+    assert "no SLO applies" in evaluate(store, rule, target, T0 + 1450).detail
