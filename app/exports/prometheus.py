@@ -80,12 +80,22 @@ def _expr(rule: AlertRule, matchers: str, job: str, slo: SLO | None = None) -> s
     if kind is RuleKind.PREEMPTIONS:
         return f"sum by ({BY}) ({per_second('preemptions_total', matchers, w)}) > {t}"
     if kind is RuleKind.QUEUE_DEPTH:
-        return f"sum by ({BY}) ({gauge('waiting', matchers)}) > {t}"
+        waiting = f"sum by ({BY}) ({gauge('waiting', matchers)})"
+        if rule.per_running:
+            running = f"sum by ({BY}) ({gauge('running', matchers)})"
+            return f"{waiting}\n/\nclamp_min({running}, 1)\n> {t}"
+        return f"{waiting} > {t}"
     if kind is RuleKind.TAIL_RATIO:
         assert rule.metric is not None  # AlertRule refuses a tail_ratio rule without one
+        ratio = f"(\n{tail_ratio(rule.metric, matchers, w)}\n)"
+        expr = f"{ratio} > {t}\nand\n{observations(rule.metric, matchers, w)} >= {MIN_COUNT}"
+        if rule.baseline_s is None:
+            return expr
+        b = duration(rule.baseline_s)
+        usual = f"(\n{tail_ratio(rule.metric, matchers, b)}\n)"
         return (
-            f"(\n{tail_ratio(rule.metric, matchers, w)}\n) > {t}\n"
-            f"and\n{observations(rule.metric, matchers, w)} >= {MIN_COUNT}"
+            f"{expr}\nand\n{ratio} > {number(rule.baseline_factor)} * {usual}\n"
+            f"and\n{observations(rule.metric, matchers, b)} >= {MIN_COUNT}"
         )
     if kind is RuleKind.P99_OVER_SLO:
         assert rule.metric is not None

@@ -141,6 +141,23 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
             index=targets.index(data.get("target")) if data.get("target") in targets else 0,
             format_func=lambda t: "every target" if t is None else t,
         )
+        e = st.columns(3)
+        per_running = e[0].checkbox(
+            "Queue: per running request",
+            bool(data.get("per_running", False)),
+            help="queue_depth: waiting requests per running one, the same on any engine size",
+        )
+        baseline_h = e[1].number_input(
+            "Tail: baseline (h, 0 for none)",
+            min_value=0.0,
+            value=float(data.get("baseline_s") or 0) / 3600,
+            help="tail_ratio: also fire only above a factor of its own ratio over this long",
+        )
+        factor = e[2].number_input(
+            "Tail: factor over the baseline",
+            min_value=1.0,
+            value=float(data.get("baseline_factor", 1.5)),
+        )
         enabled = st.checkbox("Enabled", data.get("enabled", True))
         if st.form_submit_button("Save rule"):
             try:
@@ -158,6 +175,9 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
                         "metric": metric,
                         "target": target,
                         "enabled": enabled,
+                        "per_running": per_running,
+                        "baseline_s": baseline_h * 3600 or None,
+                        "baseline_factor": factor,
                     },
                     rule_id,
                 )

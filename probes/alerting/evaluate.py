@@ -89,6 +89,11 @@ def evaluate(
         return memo[key]
 
     kind = rule.kind
+    if kind is RuleKind.QUEUE_DEPTH and rule.per_running:
+        waiting = d.gauge(store, tid, "waiting", grid).to_numpy()
+        running = d.gauge(store, tid, "running", grid).to_numpy()
+        active, last = _sustained(waiting / np.maximum(running, 1.0), rule.threshold)
+        return Finding(active, last, f"{last or 0:.2g} requests waiting per running request")
     if kind in (RuleKind.KV_LEVEL, RuleKind.QUEUE_DEPTH):
         metric = "kv_usage" if kind is RuleKind.KV_LEVEL else "waiting"
         active, last = _sustained(d.gauge(store, tid, metric, grid).to_numpy(), rule.threshold)
@@ -105,7 +110,15 @@ def evaluate(
         if kind is RuleKind.TAIL_RATIO:
             vals = np.where(counts >= MIN_COUNT, frame["ratio"].to_numpy(), np.nan)
             active, last = _sustained(vals, rule.threshold)
-            return Finding(active, last, f"{rule.metric.upper()} p99/p50 {last or 0:.2f}")
+            words = f"{rule.metric.upper()} p99/p50 {last or 0:.2f}"
+            if rule.baseline_s is None:
+                return Finding(active, last, words)
+            base = quantiles(rule.metric, d.point_grid(now, rule.baseline_s), rule.baseline_s)
+            usual = base["ratio"].iloc[-1] if base["count"].iloc[-1] >= MIN_COUNT else math.nan
+            if math.isnan(usual):
+                return Finding(False, last, f"{words}; too few requests for a baseline")
+            over = _sustained(vals, rule.baseline_factor * float(usual))[0]
+            return Finding(active and over, last, f"{words} against its usual {usual:.2f}")
         limit = rule.threshold if bound is None else bound
         vals = np.where(counts >= 1, frame["p99"].to_numpy(), np.nan)
         active, last = _sustained(vals, limit)

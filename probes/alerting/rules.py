@@ -42,8 +42,8 @@ DESCRIPTIONS: dict[RuleKind, str] = {
     "{window}, while the request rate stays steady (within {stable:.0%})",
     RuleKind.KV_LEVEL: "KV usage above {threshold:.0%}",
     RuleKind.PREEMPTIONS: "more than {threshold:g} preemptions per second over {window}",
-    RuleKind.QUEUE_DEPTH: "more than {threshold:g} requests waiting",
-    RuleKind.TAIL_RATIO: "{metric} p99/p50 above {threshold:g} over {window}",
+    RuleKind.QUEUE_DEPTH: "more than {threshold:g} requests waiting{per_running}",
+    RuleKind.TAIL_RATIO: "{metric} p99/p50 above {threshold:g} over {window}{baseline}",
     RuleKind.P99_OVER_SLO: "{metric} p99 above {threshold:g} s over {window}",
     RuleKind.OUTPUT_TAIL: "p99 output length over {window} more than {threshold:g}x the "
     "window before",
@@ -85,6 +85,17 @@ class AlertRule(BaseModel):
     )
     target: str | None = Field(None, description="a target's name; none: every target")
     enabled: bool = True
+    # Relative conditions, as the seeds advise, beside the fixed numbers:
+    per_running: bool = Field(
+        False, description="queue_depth: waiting per running request (the pool), not a count"
+    )
+    baseline_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86400,
+        description="tail_ratio: also above baseline_factor x its own ratio over this long",
+    )
+    baseline_factor: float = Field(1.5, ge=1, le=100)
 
     @model_validator(mode="after")
     def _fits(self) -> AlertRule:
@@ -97,6 +108,13 @@ class AlertRule(BaseModel):
             raise ValueError("kv_level is a share of the cache: a threshold from 0 to 1")
         if self.kind is RuleKind.TAIL_RATIO and self.threshold < 1:
             raise ValueError("a p99/p50 ratio is at least 1")
+        if self.per_running and self.kind is not RuleKind.QUEUE_DEPTH:
+            raise ValueError("per_running is for queue_depth rules")
+        if self.baseline_s is not None:
+            if self.kind is not RuleKind.TAIL_RATIO:
+                raise ValueError("a baseline is for tail_ratio rules")
+            if self.baseline_s <= self.window_s:
+                raise ValueError("the baseline must be longer than the rule's window")
         return self
 
     def describe(self) -> str:
@@ -107,6 +125,12 @@ class AlertRule(BaseModel):
             metric=(self.metric or "").upper(),
             stable=self.stable_rate,
             short=_span(self.short_window_s),
+            per_running=" per running request" if self.per_running else "",
+            baseline=(
+                f" and {self.baseline_factor:g}x its ratio over the last {_span(self.baseline_s)}"
+                if self.baseline_s
+                else ""
+            ),
         )
 
     @property

@@ -800,3 +800,23 @@ def test_a_name_with_template_braces_shows_as_typed(tmp_path: Path) -> None:
     test = {"eval_time": "1m", "alertname": "KvscopeQueueXQ", "exp_alerts": [fired]}
     tests = [{"interval": f"{STEP_S}s", "input_series": [waiting], "alert_rule_test": [test]}]
     _promtool_test(tmp_path, doc, tests, keep_annotations=True)
+
+
+def test_relative_rules_export_and_pass_promtool(tmp_path: Path) -> None:
+    queue = next(r for r in DEFAULT_RULES if r.kind is RuleKind.QUEUE_DEPTH)
+    tail = next(r for r in DEFAULT_RULES if r.kind is RuleKind.TAIL_RATIO)
+    relative = [
+        queue.model_copy(
+            update={"name": "Queue per running", "per_running": True, "threshold": 0.5}
+        ),
+        tail.model_copy(update={"name": "Tail off its usual", "baseline_s": 86400.0}),
+    ]
+    text = prometheus_rules_yaml(relative)
+    by_rule = {name: rules[0]["expr"] for name, rules in _by_rule(yaml.safe_load(text)).items()}
+    assert (
+        "clamp_min(sum by (instance, model_name) (vllm:num_requests_running), 1)"
+        in by_rule["Queue per running"]
+    )
+    usual = by_rule["Tail off its usual"]
+    assert "> 1.5 * (" in usual and "[1d]" in usual and "[5m]" in usual
+    assert validate_rules_file(_write(tmp_path, text), PROMTOOL) == []

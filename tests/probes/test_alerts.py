@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine
 
+from planner.errors import InvalidInput
 from probes.alerting.evaluate import AlertEvaluator, Finding, evaluate
 from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind, parse_rule
 from storage import queries as q
@@ -271,3 +272,35 @@ def test_slo_burn_needs_both_windows_burning(store: Engine) -> None:
     after = burning(T0 + 1600)
     assert not after.active and after.value is not None and after.value > 10, after
     assert "no SLO applies" in evaluate(store, rule, target, T0 + 1450).detail
+
+
+def test_relative_rules_judge_the_pool_and_the_usual_tail(store: Engine) -> None:
+    tid = _target(store)
+    per = _rule(RuleKind.QUEUE_DEPTH, threshold=0.5, for_s=30, per_running=True)
+    # 6 waiting: a lot beside 4 running, little beside 64.
+    _series(store, tid, T0, T0 + 120, lambda t: {"waiting": 6.0, "running": 4.0})
+    assert _at(store, per, tid, T0 + 120)
+    other = _target(store, "big")
+    _series(store, other, T0, T0 + 120, lambda t: {"waiting": 6.0, "running": 64.0})
+    assert not _at(store, per, other, T0 + 120)
+    assert _at(
+        store, per.model_copy(update={"per_running": False, "threshold": 4}), other, T0 + 120
+    )
+
+    # A tail ratio of ~2.4 (p99 in the 0.5-1 s bucket, p50 near 0.2 s): over a fixed 2, but
+    # it has always been so; with a baseline the rule stays quiet, until the tail doubles.
+    tail = _target(store, "tail")
+    usual = {0.2: 1.9, 0.8: 0.1}
+
+    def ttft(t: float) -> dict[str, float]:
+        a = _hist("ttft", usual, min(t - T0, 3000))
+        b = _hist("ttft", {0.2: 1.8, 4.0: 0.2}, max(t - T0 - 3000, 0))
+        return {k: a[k] + b[k] for k in a}
+
+    _series(store, tail, T0, T0 + 3300, ttft, step=10.0)
+    fixed = _rule(RuleKind.TAIL_RATIO, metric="ttft", threshold=2.0, for_s=60, window_s=300)
+    relative = fixed.model_copy(update={"baseline_s": 3000.0, "baseline_factor": 1.5})
+    assert _at(store, fixed, tail, T0 + 2900) and not _at(store, relative, tail, T0 + 2900)
+    assert _at(store, relative, tail, T0 + 3300)
+    with pytest.raises(InvalidInput, match="baseline must be longer"):
+        parse_rule(relative.model_dump() | {"baseline_s": 100.0})
