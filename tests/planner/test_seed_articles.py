@@ -72,3 +72,14 @@ def test_fragmentation_figures(kind: str, contiguous: float, paged: float) -> No
     assert round(result.paged_waste * 100, 2) == paged
     pure = fragmentation(0, output_lengths("exponential", 256, 2048), 2048, 16)
     assert (round(pure.contiguous_waste * 100, 1), round(pure.paged_waste * 100, 1)) == (87.5, 2.9)
+
+
+def test_13b_batch_16_at_4k_cannot_fit_in_6_to_11_gb() -> None:
+    arch = load_preset("llama-2-13b")
+    fp16, fp8 = kv_bytes_per_token(arch, "float16"), kv_bytes_per_token(arch, "fp8")
+    assert (fp16, fp8) == (819_200, 409_600)
+    assert 16 * 4096 * fp16 == 53_687_091_200 == 50 * GIB
+    assert 16 * 4096 * fp8 == 25 * GIB
+    assert round(11e9 / (4096 * fp16), 1) == 3.3  # what 11 GB holds: about 3 such sequences
+    plan = plan_capacity(thirteen_b(4096, batch=16))
+    assert not plan.fits and plan.max_sequences < 16
