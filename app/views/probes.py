@@ -208,6 +208,8 @@ def _result(runs: list[RunRow], names: dict[int, str]) -> None:
         return
     kind = KINDS[run.kind]
     st.plotly_chart(charts.figure(kind.chart(result)), key="res")
+    for i, more in enumerate(kind.more_charts(result)):
+        st.plotly_chart(charts.figure(more), key=f"res_more_{i}")
     rows = kind.table(result)
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from probes.kinds.chart import Axis, Chart, Color, Mark, Trace
+from probes.kinds.chart import Axis, Chart, Color, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
     PROMPT_BUILD_S,
     Figures,
@@ -245,6 +245,19 @@ def steps_chart(steps: Sequence[Step], knee: int | None) -> Chart:
     )
 
 
+def tail_chart(r: Result) -> Chart:
+    """TTFT and ITL p50/p99 against the request rate each concurrency achieved, the knee's
+    rate marked: past it the rate stops growing and only the tail does."""
+    points = [
+        TailPoint(s.requests_per_s, s.ttft_s.p50, s.ttft_s.p99, s.itl_s.p50, s.itl_s.p99)
+        for s in r.steps
+        if s.requests_per_s
+    ]
+    knee = next((s for s in r.steps if s.concurrency == r.knee.concurrency), None)
+    rate = knee.requests_per_s if knee is not None and knee.requests_per_s else None
+    return tail_against_rate(points, "ITL", rate, f"knee (concurrency {r.knee.concurrency})")
+
+
 def table(r: Result) -> list[Row]:
     """One row per concurrency."""
     return dump_rows(
@@ -285,6 +298,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         CliOption("output_tokens"),
     ),
     chart=lambda r: steps_chart(r.steps, r.knee.concurrency),
+    more_charts=lambda r: [tail_chart(r)] if r.steps else [],
     partial_chart=lambda p: steps_chart(p.steps, None) if p.steps else None,
     headline=lambda r: r.knee.message,
     table=table,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from probes.kinds import latency
-from probes.kinds.chart import Axis, Chart, Mark, Trace
+from probes.kinds.chart import Axis, Chart, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
     PROMPT_BUILD_S,
     Figures,
@@ -189,6 +189,14 @@ def steps_chart(steps: list[Step], share: float) -> Chart:
     )
 
 
+def tail_chart(r: Result) -> Chart:
+    """TTFT and TPOT p50/p99 at each rate tried, the capacity and the SLO's bounds marked."""
+    points = [
+        TailPoint(s.rate, s.ttft_s.p50, s.ttft_s.p99, s.tpot_s.p50, s.tpot_s.p99) for s in r.steps
+    ]
+    return tail_against_rate(points, "TPOT", r.capacity_rps, "capacity", r.slo.ttft_s, r.slo.tpot_s)
+
+
 def table(r: Result) -> list[Row]:
     """The rates tried."""
     keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
@@ -223,6 +231,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
     ),
     chart=lambda r: steps_chart(r.steps, r.slo.share),
     partial_chart=lambda p: steps_chart(p.steps, p.share) if p.steps else None,
+    more_charts=lambda r: [tail_chart(r)] if r.steps else [],
     headline=lambda r: r.message,
     table=table,
 )

@@ -76,3 +76,53 @@ class Chart:
     y2: Axis | None = None
     marks: Sequence[Mark] = field(default_factory=tuple)
     bands: Sequence[Band] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TailPoint:
+    """The latency percentiles measured at one request rate."""
+
+    rate: float
+    ttft_p50: float | None
+    ttft_p99: float | None
+    token_p50: float | None
+    token_p99: float | None
+
+
+def tail_against_rate(
+    points: Sequence[TailPoint],
+    token: str,
+    knee_rate: float | None = None,
+    knee_label: str = "knee",
+    ttft_bound: float | None = None,
+    token_bound: float | None = None,
+) -> Chart:
+    """p50 and p99 of TTFT and of the per-token latency (`token`: TPOT or ITL) against the
+    request rate, as the seed articles draw the tail pulling away from the median under
+    load: the knee and the SLO's bounds marked."""
+    ordered = sorted(points, key=lambda p: p.rate)
+    x = [p.rate for p in ordered]
+    series = (
+        ("TTFT p50", [p.ttft_p50 for p in ordered], "c0", "dot"),
+        ("TTFT p99", [p.ttft_p99 for p in ordered], "c0", "solid"),
+        (f"{token} p50", [p.token_p50 for p in ordered], "c1", "dot"),
+        (f"{token} p99", [p.token_p99 for p in ordered], "c1", "solid"),
+    )
+    traces = [
+        Trace(name, x, ys, "lines+markers", color=color, dash=dash)  # type: ignore[arg-type]
+        for name, ys, color, dash in series
+    ]
+    marks = []
+    if knee_rate is not None:
+        marks.append(Mark(knee_rate, f"{knee_label}: {knee_rate:.3g} req/s"))
+    if ttft_bound is not None:
+        marks.append(Mark(ttft_bound, f"TTFT bound {ttft_bound:g} s", on="y"))
+    if token_bound is not None:
+        marks.append(Mark(token_bound, f"{token} bound {token_bound:g} s", on="y", dash="dot"))
+    return Chart(
+        title="The tail against the request rate",
+        x=Axis("requests/s"),
+        y=Axis("seconds", log=True),
+        traces=traces,
+        marks=marks,
+    )

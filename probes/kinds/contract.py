@@ -82,6 +82,8 @@ class ProbeKind(Generic[P, R, G]):
     chart: Callable[[R], Chart]
     headline: Callable[[R], str]
     partial_chart: Callable[[G], Chart | None] = lambda progress: None
+    # Charts drawn below the main one (the tail against the request rate).
+    more_charts: Callable[[R], list[Chart]] = lambda result: []
     table: Callable[[R], list[Row]] = lambda result: []
     notes: Callable[[R], list[str]] = lambda result: []
     # Destructive kinds need a confirmation and an engine kvscope manages.

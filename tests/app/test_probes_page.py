@@ -219,3 +219,39 @@ def test_a_run_stored_before_typed_results_still_reads() -> None:
     result = result_of(row)
     assert isinstance(result, LatencyResult)
     assert result.engine is not None and result.engine.preemptions == 3
+
+
+def test_sweep_and_capacity_draw_the_tail_against_the_rate(
+    runs: dict[str, int], store: Engine
+) -> None:
+    from probes.kinds.capacity import Result as CapacityResult
+    from probes.kinds.capacity import Slo, Step
+    from probes.load.generator import Percentiles
+
+    sweep = SweepResult.model_validate(q.get_run(store, runs["batch_sweep"]).summary)
+    (tail,) = get_kind("batch_sweep").more_charts(sweep)
+    fig = charts.figure(tail)
+    assert [t.name for t in fig.data] == ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99"]
+    assert list(fig.data[0].x) == sorted(s.requests_per_s for s in sweep.steps)
+    assert fig.layout.yaxis.type == "log"
+
+    def step(rate: float, ttft: tuple[float, float], passed: bool) -> Step:
+        p = Percentiles(p50=ttft[0], p99=ttft[1])
+        tpot = Percentiles(p50=0.02, p99=0.05)
+        return Step(
+            rate=rate, slo_share=0.99 if passed else 0.5, passed=passed, trustworthy=True,
+            requests=10, errors=0, ttft_s=p, tpot_s=tpot, requests_per_s=rate,
+        )  # fmt: skip
+
+    result = CapacityResult(
+        capacity_rps=4.0,
+        first_failing_rps=8.0,
+        slo=Slo(ttft_s=1.0, tpot_s=0.1, share=0.9),
+        steps=[step(8.0, (0.6, 3.0), False), step(4.0, (0.2, 0.8), True)],
+        message="",
+    )
+    (tail,) = get_kind("capacity").more_charts(result)
+    fig = charts.figure(tail)
+    assert list(fig.data[1].x) == [4.0, 8.0] and list(fig.data[1].y) == [0.8, 3.0]
+    shapes = [(s.x0, s.y0) for s in fig.layout.shapes]
+    assert len(shapes) == 3  # the capacity, the TTFT bound and the TPOT bound
