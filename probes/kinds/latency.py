@@ -101,6 +101,19 @@ class EngineView(Figures):
         return value.get("count") if isinstance(value, dict) else value
 
 
+class ClassFigures(Figures):
+    """One request class of a run (a mixed profile's component, or a prompt-length band):
+    head-of-line blocking shows as short requests' TTFT and everyone's ITL rising when long
+    prompts share the batch."""
+
+    name: str
+    requests: int
+    ok: int
+    ttft_s: Percentiles
+    itl_s: Percentiles
+    slo_share: float | None = None
+
+
 class Measurement(Summary):
     """One open-loop run at a rate: the client's figures, the engine's, KV and queue peaks."""
 
@@ -114,6 +127,8 @@ class Measurement(Summary):
     preemptions: float | None = None
     engine: EngineView | None = None
     ttft_gap_p50_s: float | None = None
+    # Per request class, when the run had more than one (else empty).
+    by_class: list[ClassFigures] = Field(default_factory=list)
 
 
 class Result(Measurement, ProbeResult):
@@ -199,8 +214,19 @@ def summarize_run(
     if engine is not None and summary.ttft_s.p50 is not None and engine.ttft.p50 is not None:
         # Both from the engine's histogram resolution: a gap, not a precise figure.
         gap = summary.ttft_s.p50 - engine.ttft.p50
+    classes = []
+    if len(result.by_class) > 1:
+        for name, tally in sorted(result.by_class.items()):
+            s = tally.summary(params.ttft_slo_s, params.tpot_slo_s, result.lateness_limit_s)
+            classes.append(
+                ClassFigures(
+                    name=name, requests=s.requests, ok=s.ok, ttft_s=s.ttft_s, itl_s=s.itl_s,
+                    slo_share=s.slo_share,
+                )
+            )  # fmt: skip
     return Measurement(
         **dict(summary),
+        by_class=classes,
         rate=rate,
         planned=result.planned,
         stopped=result.stopped,
@@ -255,7 +281,33 @@ def table(r: Result) -> list[Row]:
             {"": "queue time", "side": "engine histogram"}
             | {q: getattr(q_time, q) for q in _QUANTILES}
         )
+    for c in r.by_class:
+        for label, figures in (("TTFT", c.ttft_s), ("ITL", c.itl_s)):
+            rows.append(
+                {"": f"{label} · {c.name}", "side": f"client, {c.requests} requests"}
+                | {q: getattr(figures, q) for q in _QUANTILES}
+            )
     return rows
+
+
+def class_chart(r: Result) -> Chart:
+    """TTFT and ITL p50/p99 per request class: short prompts' TTFT beside long ones'."""
+    names = [c.name for c in r.by_class]
+    series = (
+        ("TTFT p50", [c.ttft_s.p50 for c in r.by_class], "c0", "circle"),
+        ("TTFT p99", [c.ttft_s.p99 for c in r.by_class], "c0", "x"),
+        ("ITL p50", [c.itl_s.p50 for c in r.by_class], "c1", "circle"),
+        ("ITL p99", [c.itl_s.p99 for c in r.by_class], "c1", "x"),
+    )
+    return Chart(
+        title="By request class",
+        x=Axis("class"),
+        y=Axis("seconds", log=True),
+        traces=[
+            Trace(n, names, ys, mode="markers", color=col, symbol=sym, size=11)  # type: ignore[arg-type]
+            for n, ys, col, sym in series
+        ],
+    )
 
 
 def chart(r: Result) -> Chart:
@@ -324,6 +376,7 @@ KIND: ProbeKind[Params, Result, ProbeProgress] = ProbeKind(
         CliOption("tpot_slo_s", flag="tpot_slo"),
     ),
     chart=chart,
+    more_charts=lambda r: [class_chart(r)] if r.by_class else [],
     headline=headline,
     table=table,
     notes=notes,

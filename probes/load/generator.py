@@ -217,6 +217,29 @@ class RequestResult:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+# Prompt-length bands for runs without named classes: head-of-line blocking shows as the
+# short band's TTFT rising while long prompts are in the mix.
+PROMPT_BANDS: tuple[tuple[int, str], ...] = (
+    (512, "prompt <= 512"),
+    (2048, "prompt 513-2048"),
+    (8192, "prompt 2049-8192"),
+)
+
+
+def request_class(r: RequestResult) -> str:
+    """A request's class: its component of a mixed workload profile, else its prompt band."""
+    component = r.tags.get("component")
+    if component:
+        return str(component)
+    tokens = r.prompt_tokens
+    if tokens is None:
+        return "prompt unknown"
+    for top, name in PROMPT_BANDS:
+        if tokens <= top:
+            return name
+    return "prompt > 8192"
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a run produced, why it stopped, and whether its latencies can be trusted.
@@ -233,6 +256,7 @@ class RunResult:
     trustworthy: bool  # p99 send lateness within the limit
     reason: str | None  # why not, for a person
     tally: Tally
+    by_class: dict[str, Tally] = field(default_factory=dict)  # see request_class
 
     def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> Summary:
         """The run in figures, judged against its own lateness limit."""
@@ -306,6 +330,7 @@ class _Run:
         self.flushing: asyncio.Task[None] | None = None
         self.last_flush = 0.0
         self.tally = Tally()
+        self.by_class: dict[str, Tally] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, asyncio.Future[float]] = {}
         self.stopped: StopReason | None = None
@@ -429,6 +454,7 @@ class _Run:
     def _finished(self, live: _Live) -> None:
         record = self._record(live)
         self.tally.add(record)
+        self.by_class.setdefault(request_class(record), Tally()).add(record)
         self.finished += 1
         if self.keep:
             self.kept.append(record)
@@ -528,6 +554,7 @@ class _Run:
             ok,
             reason,
             self.tally,
+            dict(self.by_class),
         )
 
     def _wall(self, pc: float) -> float:

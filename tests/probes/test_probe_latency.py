@@ -180,3 +180,33 @@ def test_an_unknown_target_name_lists_the_known_ones(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "nosuch" in res.stderr
+
+
+def test_a_mixed_workload_is_split_by_request_class() -> None:
+    from probes.kinds.latency import class_chart, table
+
+    params = parse_params(
+        "latency",
+        {"rate": 40, "duration_s": 1, "profile": "code-review", "seed": 2, "arrival": "constant"},
+    )
+    with serve(FakeConfig(ttft_s=0.01, itl_s=0.001)) as fake:
+        out = asyncio.run(execute(get_kind("latency"), params, Target(fake.url)))
+    assert isinstance(out, Result) and out.errors == 0
+    classes = {c.name: c for c in out.by_class}
+    assert set(classes) == {"short", "long"}  # the profile's components
+    assert sum(c.requests for c in classes.values()) == out.requests
+    assert classes["long"].requests < classes["short"].requests
+    for c in classes.values():
+        assert c.ttft_s.p50 is not None and c.ttft_s.p99 is not None and c.itl_s.p99 is not None
+    assert {row[""] for row in table(out)} >= {"TTFT · short", "ITL · long"}
+    assert [t.name for t in class_chart(out).traces][:2] == ["TTFT p50", "TTFT p99"]
+    # A single-class run keeps no split (the run's own figures say it all).
+    with serve(FakeConfig()) as fake:
+        one = asyncio.run(
+            execute(
+                get_kind("latency"),
+                parse_params("latency", {"rate": 20, "duration_s": 0.5, "prompt_tokens": 16}),
+                Target(fake.url),
+            )
+        )
+    assert isinstance(one, Result) and one.by_class == []
