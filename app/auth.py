@@ -36,7 +36,7 @@ def current() -> tuple[Actor | None, str | None]:
         accounts.refuse_open_console(st.get_option("server.address") or "127.0.0.1", how)
         return LOCAL, None
     if how == "oidc":
-        if not st.user.is_logged_in:
+        if not st.user.get("is_logged_in", False):
             return None, None
         email = str(st.user.get("email") or "")
         if not email:

@@ -222,9 +222,9 @@ SECRETS_FILES = (
 )
 
 
-def oidc_configured(secrets_files: Iterable[Path] = SECRETS_FILES) -> bool:
+def oidc_configured(secrets_files: Iterable[Path] | None = None) -> bool:
     """Whether Streamlit's secrets carry an [auth] section `st.login` can use."""
-    for path in secrets_files:
+    for path in SECRETS_FILES if secrets_files is None else secrets_files:
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
@@ -237,7 +237,7 @@ def oidc_configured(secrets_files: Iterable[Path] = SECRETS_FILES) -> bool:
     return False
 
 
-def signin_mode(users_file: Path, secrets_files: Iterable[Path] = SECRETS_FILES) -> SignIn:
+def signin_mode(users_file: Path, secrets_files: Iterable[Path] | None = None) -> SignIn:
     """OIDC when Streamlit's secrets configure it, passwords when the users file holds a
     password, else none (one person on their own machine)."""
     if oidc_configured(secrets_files):

@@ -144,3 +144,20 @@ def test_what_a_target_says_is_shown_as_text(store: Engine) -> None:
         assert not [m for m in markdown if "](http" in m], page
     models = _page("overview", None).dataframe[0].value["model"]
     assert list(models) == [evil]
+
+
+def test_with_oidc_configured_the_console_offers_the_providers_sign_in(
+    store: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text(
+        '[auth]\nredirect_uri = "http://127.0.0.1:8501/oauth2callback"\ncookie_secret = "x"\n'
+        'client_id = "kvscope"\nclient_secret = "y"\n'
+        'server_metadata_url = "http://127.0.0.1:1/.well-known/openid-configuration"\n'
+    )
+    monkeypatch.setattr(accounts, "SECRETS_FILES", (secrets,))
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [t.value for t in at.title] == ["kvscope"]  # no page before signing in
+    assert [b.label for b in at.button] == ["Sign in"] and not at.text_input
