@@ -95,6 +95,7 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
             wait_until(lambda: _finished(w, probe.id), 10)
             stop_watch.set()
             ticker.join(10)
+            steady_to = time.time()
     finally:
         stop_watch.set()
         w.stop()
@@ -111,7 +112,9 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
         points = q.series_points(w.store, tid, ["scrape_duration_s"], 0, time.time() + 1)
         starts = np.sort(points["ts"].to_numpy(float))
         starts = starts[starts >= steady_from]
-        assert len(starts) >= 10, (i, len(starts))
+        # One scrape per interval over the steady period (one may straddle each end).
+        expected = (steady_to - steady_from) / INTERVAL_S
+        assert len(starts) >= max(5.0, expected - 2), (i, len(starts), expected)
         drifts += list(np.abs(np.diff(starts) - INTERVAL_S))
     p99 = float(np.quantile(drifts, 0.99))
     print(f"healthy scrape interval drift: median {statistics.median(drifts) * 1000:.0f} ms, "
