@@ -6,7 +6,6 @@ caches) nor in the text of any console page."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from storage import queries as q
 from storage.settings import Settings
 from tests.e2e.conftest import API_KEY, HF_TOKEN, LiveWorker
 from tests.support.cli import kvscope
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -42,9 +42,7 @@ def test_no_secret_in_the_data_directory_or_on_any_page(
     target = {"name": "secretive", "base_url": cpu_engine, "token_env": "KVSCOPE_TOKEN_E2E_SECRETS"}
     q.add_target(store, q.parse_target(target))
     try:
-        deadline = time.time() + 60
-        while q.get_target(store, "secretive").health != "up" and time.time() < deadline:
-            time.sleep(0.5)
+        wait_until(lambda: q.get_target(store, "secretive").health == "up", 60, "secretive up")
         run = live.request(
             "latency", target="secretive", rate=2, duration_s=3, prompt_tokens=32, output_tokens=8
         )

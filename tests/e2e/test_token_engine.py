@@ -5,7 +5,6 @@ and probed (the token on every request); a probe without the token fails with on
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from storage import queries as q
 from storage.settings import Settings
 from tests.e2e.conftest import API_KEY, LiveWorker
 from tests.support.cli import kvscope
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -25,9 +25,7 @@ def test_a_guarded_engine_is_scraped_and_probed_by_name_with_its_token(
     data = {"name": "guarded", "base_url": cpu_engine, "token_env": "KVSCOPE_TOKEN_E2E"}
     q.add_target(store, q.parse_target(data))
     try:
-        deadline = time.time() + 60
-        while q.get_target(store, "guarded").health != "up" and time.time() < deadline:
-            time.sleep(0.5)
+        wait_until(lambda: q.get_target(store, "guarded").health == "up", 60, "guarded up")
         assert q.get_target(store, "guarded").health == "up"
 
         args = ("--rate", "2", "--duration", "4", "--prompt-tokens", "32", "--output-tokens", "8")
