@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import streamlit as st
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
@@ -37,6 +38,7 @@ def _page(name: str, role: str | None, expires_in: float = 3600) -> AppTest:
         f"error_boundary({name}.render)()"
     )
     at = AppTest.from_string(script, default_timeout=60)
+    st.cache_data.clear()  # the store as it is now, not as an earlier render cached it
     if role is not None:
         at.session_state[SESSION] = {"name": PEOPLE[role], "expires": time.time() + expires_in}
     at.run()
