@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,6 +159,8 @@ def _combine(stack: list[np.ndarray], how: str) -> np.ndarray:
     arr = np.vstack(stack)
     present = ~np.isnan(arr)
     any_present = present.any(axis=0)
+    if how == "max":
+        return np.where(any_present, np.where(present, arr, -np.inf).max(axis=0), np.nan)
     total = np.where(present, arr, 0.0).sum(axis=0)
     if how == "mean":
         total = total / np.maximum(present.sum(axis=0), 1)
@@ -275,3 +278,91 @@ def histogram_increase(
             le = float(json.loads(s.labels_key)["le"])
             out[le] = out.get(le, 0.0) + float(inc[-1])
     return sorted(out.items())
+
+
+def increase(
+    store: Engine,
+    target_id: int,
+    name: str,
+    grid: Grid,
+    window_s: float,
+    keep: Callable[[dict[str, str]], bool] | None = None,
+) -> pd.Series:
+    """Increase of a stored cumulative series (a counter, or a histogram's `_sum` or
+    `_count`) over (t - window, t] at each grid point, label sets kept by `keep` summed."""
+    times = grid.points
+    loaded = _load(store, target_id, name, grid, window_s, cumulative=True)
+    picked = [s for s in loaded if keep is None or keep(json.loads(s.labels_key))]
+    if not picked:
+        return pd.Series(np.full(len(times), np.nan), index=times, name=name)
+    inc = _combine([_increase(s, times, window_s, grid.stale_s)[0] for s in picked], "sum")
+    return pd.Series(np.maximum(inc, 0.0), index=times, name=name)
+
+
+def gauge_window(
+    store: Engine, target_id: int, name: str, grid: Grid, window_s: float
+) -> pd.DataFrame:
+    """Time-weighted mean and the maximum of a gauge over (t - window, t] at each grid
+    point (label sets combined by the metric's rule), where raw samples are a step function
+    (each value holds until the next, for at most the staleness bound) and rollups hold
+    each bucket's average and peak."""
+    times = grid.points
+    how = METRICS[name].combine if name in METRICS else "mean"
+    loaded = _load(store, target_id, name, grid, window_s, cumulative=False)
+    means, peaks = [], []
+    for s in loaded:
+        if grid.resolution:
+            peak_s = _load_peaks(store, target_id, name, grid, window_s, s.labels_key)
+            m, p = _bucket_window(s, peak_s, times, window_s)
+        else:
+            m, p = _step_window(s, times, window_s, grid.stale_s)
+        means.append(m)
+        peaks.append(p)
+    frame = pd.DataFrame(index=times, columns=["mean", "max"], dtype=float)
+    if loaded:
+        frame["mean"] = _combine(means, how)
+        frame["max"] = _combine(peaks, "max" if how == "mean" else how)
+    return frame
+
+
+def _step_window(
+    series: _Series, times: np.ndarray, w: float, stale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    means = np.full(len(times), np.nan)
+    peaks = np.full(len(times), np.nan)
+    for i, t in enumerate(times):
+        first = np.searchsorted(series.ts, t - w, side="right")
+        last = np.searchsorted(series.ts, t, side="right")
+        edges = np.concatenate([[t - w], series.ts[first:last], [t]])
+        values = np.concatenate([_at(series, np.array([t - w]), stale), series.values[first:last]])
+        known = ~np.isnan(values)
+        # A value holds until the next, but past the staleness bound it is a gap.
+        weight = np.where(known, np.minimum(np.diff(edges), stale), 0.0)
+        if weight.sum() > 0:
+            means[i] = float((weight * np.where(known, values, 0.0)).sum() / weight.sum())
+            peaks[i] = float(values[known].max())
+    return means, peaks
+
+
+def _load_peaks(
+    store: Engine, target_id: int, name: str, grid: Grid, window_s: float, labels_key: str
+) -> _Series:
+    for s in _load(store, target_id, name, grid, window_s, cumulative=False, stat="max"):
+        if s.labels_key == labels_key:
+            return s
+    return _Series(labels_key, np.array([]), np.array([]))
+
+
+def _bucket_window(
+    avg: _Series, peak: _Series, times: np.ndarray, w: float
+) -> tuple[np.ndarray, np.ndarray]:
+    means = np.full(len(times), np.nan)
+    peaks = np.full(len(times), np.nan)
+    for i, t in enumerate(times):
+        inside = (avg.ts > t - w) & (avg.ts <= t)
+        if inside.any():
+            means[i] = float(np.nanmean(avg.values[inside]))
+        inside_p = (peak.ts > t - w) & (peak.ts <= t)
+        if inside_p.any():
+            peaks[i] = float(np.nanmax(peak.values[inside_p]))
+    return means, peaks

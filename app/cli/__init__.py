@@ -3,7 +3,8 @@
 scrape (one /metrics)   targets (target ...)   engine (engine ...)   models (model ...)
 probe (probe ..., profile ...)   plan (plan)   export (export ...)   processes (worker,
 console, up)   hosts (hosts ...: where targets may point)   users (users ...)
-audit (audit export)   _shared (settings, store, logging, output files).
+audit (audit export)   diagnose (why the tail broke)   _shared (settings, store, logging,
+output files).
 
 `main()` is the one error boundary: a `KvscopeError` (bad input, or the world refused)
 becomes `error: <one line>` on stderr and exit 2; a usage mistake prints Click's usage
@@ -23,6 +24,7 @@ from typing import IO, Any, Protocol, cast
 import typer
 
 from app.cli.audit import audit_app
+from app.cli.diagnose import diagnose as diagnose_command
 from app.cli.engine import engine_app
 from app.cli.export import export_app
 from app.cli.hosts import hosts_app
@@ -53,6 +55,7 @@ app.add_typer(users_app, name="users")
 app.add_typer(audit_app, name="audit")
 app.command("plan")(plan_command)
 app.command("scrape")(scrape_command)
+app.command("diagnose")(diagnose_command)
 app.command("worker")(worker)
 app.command("console")(console)
 app.command("up")(up)

@@ -4,6 +4,7 @@ store, logging for the long-running commands, and writing a file or stdout."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,3 +84,14 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "-" if v is None else str(v)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_age(text: str, option: str) -> float:
+    """A length of time such as 90s, 15m, 24h or 30d (a bare number is seconds), in seconds."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not found or float(found[1]) <= 0:
+        raise InvalidInput(f"{option} {text!r}: give a length of time such as 90s, 15m, 24h or 30d")
+    return float(found[1]) * _UNITS[found[2] or "s"]

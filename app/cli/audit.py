@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import io
-import re
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.cli._shared import owner, store, write_out
+from app.cli._shared import owner, parse_age, store, write_out
 from planner.errors import InvalidInput
 
 audit_app = typer.Typer(help="Read the audit log.", no_args_is_help=True)
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
 
 def _since(text: str | None) -> float:
     """An age such as 90s, 15m, 24h or 30d, as a UNIX time."""
-    if text is None:
-        return 0.0
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if not found:
-        raise InvalidInput(f"--since {text!r}: give an age such as 15m, 24h or 30d")
-    return time.time() - float(found[1]) * _UNITS[found[2]]
+    return 0.0 if text is None else time.time() - parse_age(text, "--since")
 
 
 @audit_app.command("export")

@@ -39,6 +39,8 @@ TTFT_BUCKETS = (
     2560.0,
     math.inf,
 )
+# vLLM's request-length buckets (1, 2, 5 per decade).
+LENGTH_BUCKETS = (*(m * 10**e for e in range(5) for m in (1, 2, 5)), math.inf)
 ITL_BUCKETS = (
     0.01,
     0.025,
@@ -112,6 +114,11 @@ class FakeVllm:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    # Exposed once observed (older fixtures leave them out): queue time, prompt lengths,
+    # and finished requests by reason ({"stop": 10, "abort": 1}).
+    queue_time: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    prompt_len: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))
+    finished: dict[str, float] = field(default_factory=dict)
     # Counters that grow with wall time, per second: {"preemptions": 5.0, ...}.
     rates: dict[str, float] = field(default_factory=dict)
     _clock: float | None = None
@@ -178,6 +185,17 @@ class FakeVllm:
         out += self.e2e.lines("vllm:e2e_request_latency_seconds", lab)
         if v1:  # the per-request TPOT histogram arrived with V1
             out += self.tpot.lines("vllm:request_time_per_output_token_seconds", lab)
+        if self.queue_time.n:
+            out += self.queue_time.lines("vllm:request_queue_time_seconds", lab)
+        if self.prompt_len.n:
+            out += self.prompt_len.lines("vllm:request_prompt_tokens", lab)
+        if self.finished:
+            name = "vllm:request_success_total"
+            out += [f"# HELP {name} c", f"# TYPE {name} counter"]
+            out += [
+                f'{name}{{{lab},finished_reason="{reason}"}} {n}'
+                for reason, n in self.finished.items()
+            ]
         return out
 
 
