@@ -11,7 +11,7 @@ CALM = Signals(0, 60, up_share=1.0, finished=30, ttft_p50_s=0.02, ttft_p99_s=0.0
 
 
 def _with(**changes: object) -> Signals:
-    return Signals(**{**{f: getattr(CALM, f) for f in CALM.__dataclass_fields__}, **changes})  # type: ignore[arg-type]
+    return Signals(**{**{f: getattr(CALM, f) for f in CALM.__dataclass_fields__}, **changes})
 
 
 def test_a_calm_window_is_none_with_no_runner_up() -> None:
