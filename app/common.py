@@ -151,6 +151,25 @@ def tail(url: str, target_id: int, start: float, end: float) -> dict[str, pd.Dat
     return dashboards.tail(_store(url), target_id, start, end)
 
 
+@st.cache_data(ttl=15, show_spinner=False)
+def open_problems(url: str) -> list[dashboards.Problem]:
+    """Targets whose last five minutes name a cause (judged every 15 s at most)."""
+    return dashboards.open_problems(_store(url))
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def diagnosis(url: str, target_id: int, start: float, end: float) -> dashboards.Diagnosis:
+    """One target's windows over [start, end], about 48 of them, at least 5 minutes each."""
+    window = max(dashboards.DEFAULT_WINDOW_S, (end - start) / 48)
+    return dashboards.diagnose(_store(url), target_id, end - start, window, now=end)
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def violation_windows(url: str, since_s: float) -> list[dashboards.Problem]:
+    """SLO-breaking windows of the last `since_s`, each with its cause."""
+    return dashboards.violation_windows(_store(url), since_s)
+
+
 @st.cache_data(ttl=2, show_spinner=False)
 def events(url: str, start: float, end: float, target_id: int | None = None) -> list[EventRow]:
     """Events in a window."""

@@ -136,6 +136,7 @@ class Verdict:
     runner_up_score: float
     degraded: bool | None  # the tail was worse than promised or usual; None: unknown
     context: tuple[Evidence, ...] = field(default=())
+    slo_violated: bool | None = None  # None: no SLO applies
 
     @property
     def window_s(self) -> float:
@@ -339,4 +340,5 @@ def judge(s: Signals, base: Baseline | None = None) -> Verdict:
         runner_up_score=round(second.score, 3),
         degraded=worse,
         context=context,
+        slo_violated=s.slo_violated,
     )

@@ -244,18 +244,11 @@ def quantiles(
         raise ValueError(f"{histogram} is not a histogram")
     w = window_s or max(300.0, grid.step)
     times = grid.points
-    loaded = _load(store, target_id, f"{histogram}_bucket", grid, w, cumulative=True)
     cols = [f"p{round(q * 100)}" for q in qs]
-    by_le: dict[float, list[np.ndarray]] = {}
-    for s in loaded:
-        le = float(json.loads(s.labels_key)["le"])
-        inc, _ = _increase(s, times, w, grid.stale_s)
-        by_le.setdefault(le, []).append(inc)
     frame = pd.DataFrame(index=times, columns=[*cols, "ratio", "count"], dtype=float)
-    if not by_le or math.inf not in by_le:
+    les, counts = bucket_increases(store, target_id, histogram, grid, w)
+    if not len(les):
         return frame
-    les = np.array(sorted(by_le))
-    counts = np.column_stack([_combine(by_le[le], "sum") for le in les])
     for q, col in zip(qs, cols, strict=True):
         frame[col] = histogram_quantiles(q, les, counts)
     frame["count"] = counts[:, -1]
@@ -263,6 +256,23 @@ def quantiles(
         with np.errstate(divide="ignore", invalid="ignore"):
             frame["ratio"] = frame["p99"] / frame["p50"]
     return frame
+
+
+def bucket_increases(
+    store: Engine, target_id: int, histogram: str, grid: Grid, window_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each bucket's increase over (t - window, t] at each grid point, label sets summed
+    per `le`: the bucket bounds, and a (points x buckets) matrix. Empty without a +Inf
+    bucket (a histogram the engine did not expose in full)."""
+    times = grid.points
+    by_le: dict[float, list[np.ndarray]] = {}
+    for s in _load(store, target_id, f"{histogram}_bucket", grid, window_s, cumulative=True):
+        le = float(json.loads(s.labels_key)["le"])
+        by_le.setdefault(le, []).append(_increase(s, times, window_s, grid.stale_s)[0])
+    if not by_le or math.inf not in by_le:
+        return np.array([]), np.empty((len(times), 0))
+    les = np.array(sorted(by_le))
+    return les, np.column_stack([_combine(by_le[le], "sum") for le in les])
 
 
 def histogram_increase(

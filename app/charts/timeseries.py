@@ -147,3 +147,33 @@ def ratio_chart(frames: Mapping[str, pd.DataFrame], alert_at: float | None = Non
             annotation_text=f"ratio {alert_at:g}",
         )
     return _layout(fig, "Tail ratio p99 / p50", "ratio")
+
+
+CAUSE_COLORS = {
+    "down": "#6b7280",
+    "errors": "#dc2626",
+    "kv_pressure": "#9333ea",
+    "queueing": "#f97316",
+    "prefill_interference": "#0891b2",
+    "decode_slowdown": "#ca8a04",
+}
+
+
+def cause_bands(fig: go.Figure, windows: list[tuple[float, float, str]]) -> go.Figure:
+    """Shade each window (start, end, cause) that names a cause, labelled with it: where on
+    the time axis the tail broke, and why."""
+    for start, end, cause in windows:
+        if cause not in CAUSE_COLORS:
+            continue  # none: nothing to shade
+        x0, x1 = _times(pd.Index([start, end]))
+        fig.add_vrect(
+            x0=x0,
+            x1=x1,
+            fillcolor=CAUSE_COLORS[cause],
+            opacity=0.15,
+            line_width=0,
+            annotation_text=cause,
+            annotation_position="top left",
+            annotation_font_size=10,
+        )
+    return fig

@@ -69,6 +69,7 @@ def _panel() -> None:
         down = [r for r in rows if r.health == "down"]
         for r in down:
             st.error(f"**{r.name}** is down: {common.md_text(r.health_message)}")
+        _why(url)
     for alert in common.open_alerts(url):
         show = {"critical": st.error, "warning": st.warning}.get(alert.severity, st.info)
         show(
@@ -100,6 +101,18 @@ def _panel() -> None:
         )
     else:
         st.caption("No events in the last hour.")
+
+
+def _why(url: str) -> None:
+    """Per target with a problem in its last five minutes: the cause and its evidence."""
+    for p in common.open_problems(url):
+        v = p.verdict
+        st.warning(
+            f"**{common.md_text(p.target)}**, last {v.window_s / 60:.0f} min: "
+            f"**{v.cause}**: {v.explanation}. Evidence: {v.summary}. "
+            f"Runner-up: {v.runner_up}.",
+            icon="🔎",
+        )
 
 
 def render() -> None:

@@ -24,6 +24,7 @@ def render() -> None:
     common.worker_banner()
     store = common.store()
     _reports()
+    _violations()
     targets = common.targets(common.db_url())
     with st.expander("Add or change an SLO", expanded=not queries.list_slos(store)):
         _form(targets)
@@ -47,6 +48,45 @@ def render() -> None:
             ),
             hide_index=True,
         )
+
+
+VIOLATIONS_SINCE_S = 6 * 3600.0
+
+
+@st.fragment(run_every=60.0)
+@common.error_boundary
+def _violations() -> None:
+    """Each 5-minute window of the last 6 hours that broke an SLO, and what broke it."""
+    found = common.violation_windows(common.db_url(), VIOLATIONS_SINCE_S)
+    if not found:
+        return
+    st.subheader("Why the SLO broke (last 6 hours)")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "target": p.target,
+                    "window ending": common.age(p.verdict.end),
+                    "cause": p.verdict.cause,
+                    "score": p.verdict.score,
+                    "evidence": p.verdict.summary,
+                    "runner-up": p.verdict.runner_up,
+                }
+                for p in found
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "cause": st.column_config.TextColumn(
+                help="the dominant cause in the engine's own signals over the window: "
+                "down, errors, kv_pressure, queueing, prefill_interference, decode_slowdown"
+            ),
+            "score": st.column_config.NumberColumn(
+                format="%.2f", help="0.5 or more: enough alone to break the tail"
+            ),
+        },
+    )
 
 
 @st.fragment(run_every=10.0)

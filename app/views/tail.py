@@ -61,9 +61,21 @@ def _charts(target: TargetRow, window: float) -> None:
                 "count": st.column_config.NumberColumn("requests in window", format="%d"),
             },
         )
-        st.plotly_chart(charts.ratio_chart(frames, alert_at=RATIO_WARN), key="ratio")
+        found = common.diagnosis(common.db_url(), target.id, start, end)
+        bands = [(w.start, w.end, w.cause) for w in found.windows]
+        problems = [w for w in found.windows if w.cause != "none"]
+        if problems:
+            st.caption(
+                f"Shaded: the {len(problems)} of {len(found.windows)} windows of "
+                f"{found.window_s / 60:.0f} min whose signals name a cause (the diagnosis; "
+                "`kvscope diagnose` prints its evidence)."
+            )
+        st.plotly_chart(
+            charts.cause_bands(charts.ratio_chart(frames, alert_at=RATIO_WARN), bands), key="ratio"
+        )
         cols = st.columns(2)
         for i, (h, frame) in enumerate(frames.items()):
-            cols[i % 2].plotly_chart(charts.quantile_chart(frame, h), key=f"q_{h}")
+            fig = charts.cause_bands(charts.quantile_chart(frame, h), bands)
+            cols[i % 2].plotly_chart(fig, key=f"q_{h}")
 
     panel()

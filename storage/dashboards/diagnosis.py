@@ -51,6 +51,12 @@ class VerdictOut(BaseModel):
     runner_up_score: float
     degraded: bool | None
     context: list[EvidenceOut]
+    slo_violated: bool | None
+
+    @property
+    def summary(self) -> str:
+        """The evidence in one line: 'queue share of TTFT 0.97, waiting mean 74'."""
+        return ", ".join(f"{e.series} {e.value:.3g}" for e in self.evidence)
 
     @classmethod
     def of(cls, v: dx.Verdict) -> VerdictOut:
@@ -71,6 +77,7 @@ class VerdictOut(BaseModel):
             runner_up_score=v.runner_up_score,
             degraded=v.degraded,
             context=out(v.context),
+            slo_violated=v.slo_violated,
         )
 
 
@@ -120,23 +127,30 @@ def _restarts(store: Engine, tid: int, times: np.ndarray, w: float) -> np.ndarra
     return np.array([int(((ts > t - w) & (ts <= t)).sum()) for t in times])
 
 
-def _slo_violated(store: Engine, tid: int, times: np.ndarray, w: float) -> list[bool | None]:
+def _slo_violated(store: Engine, tid: int, grid: d.Grid) -> list[bool | None]:
     """Per window: is any SLO that applies to the target broken (by the histograms'
-    pessimistic bound, as the alerts judge it)? None where no SLO applies."""
+    pessimistic bound, as the alerts judge it)? None where no SLO applies or no request
+    finished."""
     slos = [slo_math.parse_slo(spec) for _, _, t, spec in q.list_slos(store) if t in (None, tid)]
+    out: list[bool | None] = [None] * len(grid.points)
     if not slos:
-        return [None] * len(times)
-    out: list[bool | None] = []
-    for t in times:
-        broken: bool | None = None
-        for slo in slos:
-            ttft = d.histogram_increase(store, tid, "ttft", float(t), w)
-            tok = d.histogram_increase(store, tid, slo.per_token, float(t), w)
-            if any(math.isinf(le) for le, _ in ttft) and any(math.isinf(le) for le, _ in tok):
-                hist = slo_math.compliance_from_histograms(ttft, tok, slo)
-                if hist.requests:
-                    broken = bool(broken) or hist.lower < slo.share
-        out.append(broken)
+        return out
+    buckets = {
+        h: d.bucket_increases(store, tid, h, grid, grid.step)
+        for h in {"ttft", *(slo.per_token for slo in slos)}
+    }
+    for slo in slos:
+        (t_les, t_counts), (k_les, k_counts) = buckets["ttft"], buckets[slo.per_token]
+        if not len(t_les) or not len(k_les):
+            continue
+        for i in range(len(out)):
+            ttft = list(zip(t_les.tolist(), t_counts[i].tolist(), strict=True))
+            tok = list(zip(k_les.tolist(), k_counts[i].tolist(), strict=True))
+            if np.isnan(t_counts[i]).any() or np.isnan(k_counts[i]).any():
+                continue
+            hist = slo_math.compliance_from_histograms(ttft, tok, slo)
+            if hist.requests:
+                out[i] = bool(out[i]) or hist.lower < slo.share
     return out
 
 
@@ -176,7 +190,7 @@ def signals(
     ).to_numpy()
     preempt = d.increase(store, target_id, "preemptions_total", grid, w).to_numpy()
     restarts = _restarts(store, target_id, times, w)
-    violated = _slo_violated(store, target_id, times, w)
+    violated = _slo_violated(store, target_id, grid)
     out = []
     for i, t in enumerate(times):
         out.append(
@@ -273,3 +287,42 @@ def diagnose(
     row = q.get_target(store, target)
     found = verdicts(store, row.id, now - since_s, now, window_s, use_baseline)
     return summarize(row.name, found)
+
+
+class Problem(BaseModel):
+    """A target whose latest window names a cause (the Overview's "why")."""
+
+    target: str
+    verdict: VerdictOut
+
+
+def open_problems(
+    store: Engine, window_s: float = DEFAULT_WINDOW_S, now: float | None = None
+) -> list[Problem]:
+    """Every target whose last `window_s` names a cause, strongest first."""
+    now = time.time() if now is None else now
+    out = []
+    for t in q.list_targets(store):
+        found = diagnose(store, t.id, window_s, window_s, now)
+        if found.worst is not None:
+            out.append(Problem(target=t.name, verdict=found.worst))
+    return sorted(out, key=lambda p: -p.verdict.score)
+
+
+def violation_windows(
+    store: Engine, since_s: float, window_s: float = DEFAULT_WINDOW_S, now: float | None = None
+) -> list[Problem]:
+    """Every window of the last `since_s` in which an SLO on a target was broken, with its
+    cause (the SLOs page), newest first."""
+    now = time.time() if now is None else now
+    slos = q.list_slos(store)
+    if not slos:
+        return []
+    out = []
+    scoped = {target_id for _, _, target_id, _ in slos}
+    for t in q.list_targets(store):
+        if None not in scoped and t.id not in scoped:
+            continue
+        found = diagnose(store, t.id, since_s, window_s, now)
+        out += [Problem(target=t.name, verdict=w) for w in found.windows if w.slo_violated]
+    return sorted(out, key=lambda p: -p.verdict.end)

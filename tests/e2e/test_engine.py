@@ -180,7 +180,8 @@ def test_kill_9_is_detected_and_the_engine_comes_back(live: LiveWorker, cpu_engi
         300,
         "restart after kill -9",
     )
-    crash = q.events(live.worker.store, 0, time.time() + 1, kinds=["engine_crashed"])
+    tid = q.get_target(live.worker.store, "embedded").id
+    crash = q.events(live.worker.store, 0, time.time() + 1, tid, kinds=["engine_crashed"])
     assert len(crash) == 1 and crash[0].data["exit_code"] == -signal.SIGKILL
     assert crash[0].data["last_lines"], "a crash event carries the engine's last log lines"
     assert not group_pids(old), "the killed engine's children were cleaned up"

@@ -1,0 +1,135 @@
+"""Causes injected into a real CPU engine, for the diagnosis test and benchmark.
+
+One engine of its own ("diag"): at most 4 requests in a batch, chunked prefill off (a
+prompt is prefilled whole, in one step, however long), the embedded engine's 16 MiB of KV
+(16,384 tokens). Each scenario drives a latency probe through the worker and returns the
+window it covers; `judge` asks the diagnosis what broke in it.
+
+- none: a request every two seconds, short prompt and answer.
+- queueing: 16 short requests a second, well beyond what 4 slots serve; KV stays near empty.
+- kv_pressure: 6,000-token prompts with 500-token answers: two fill the cache, the rest
+  wait for blocks although slots are free.
+- prefill_interference: short requests, one in nine with a 7,000-token prompt: each long
+  prefill holds up every short request that arrives meanwhile.
+- down: light load, and the engine killed (SIGKILL) a few seconds in; the worker restarts it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from planner import diagnosis
+from planner.diagnosis import Signals, Verdict
+from probes.engine.spec import EngineSpec
+from probes.worker import Worker
+from storage import queries as q
+from storage.dashboards.diagnosis import signals
+from storage.schemas import RunRow
+
+NAME = "diag"
+CAUSES = ("none", "queueing", "kv_pressure", "prefill_interference", "down")
+MIX = {"kind": "empirical", "pairs": [[64, 48], [7000, 8]], "weights": [8, 1]}
+LOADS: dict[str, dict[str, Any]] = {
+    "none": {"rate": 0.5, "prompt_tokens": 64, "output_tokens": 32},
+    "queueing": {"rate": 16, "prompt_tokens": 64, "output_tokens": 64},
+    "kv_pressure": {"rate": 1, "prompt_tokens": 6000, "output_tokens": 500},
+    "prefill_interference": {"rate": 2, "profile": MIX},
+    "down": {"rate": 1, "prompt_tokens": 64, "output_tokens": 32},
+}
+KILL_AFTER_S = 6.0
+DOWN_WINDOW_S = 20.0  # from the run's start: the kill, and the engine not yet back
+
+Request = Callable[..., RunRow]
+
+
+def diag_spec(base: EngineSpec, port: int) -> EngineSpec:
+    """The scenarios' engine: the embedded one with 4 slots and whole prefills."""
+    return base.model_copy(
+        update={
+            "name": NAME,
+            "port": port,
+            "max_num_seqs": 4,
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": 8192,
+        }
+    )
+
+
+def wait_serving(worker: Worker, timeout_s: float = 300.0) -> None:
+    """Until the engine runs and the worker scrapes it again (after a restart)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        manager = worker.engines.get(NAME)
+        target = q.get_target(worker.store, NAME)
+        if manager and manager.state.status == "running" and target.health == "up":
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"engine {NAME} not serving after {timeout_s:g} s")
+
+
+def inject(
+    request: Request, worker: Worker, cause: str, duration_s: float = 20.0, seed: int = 0
+) -> tuple[float, float]:
+    """Run the scenario of `cause` against the diag engine (its prompts drawn with `seed`);
+    the window it covers."""
+    params = dict(LOADS[cause], duration_s=duration_s, request_timeout_s=120, seed=seed)
+    wait_serving(worker)
+    start = time.time()
+    if cause != "down":
+        run = request("latency", target=NAME, timeout=600, **params)
+        assert run.status in ("done", "failed"), (cause, run.status, run.error)
+        time.sleep(2 * worker.settings.scrape.interval_s + 1)  # the last answers scraped
+        return start, time.time()
+    thread = threading.Thread(
+        target=request, args=("latency",), kwargs={"target": NAME, "timeout": 600, **params}
+    )
+    thread.start()
+    time.sleep(KILL_AFTER_S)
+    pid = worker.engines[NAME].state.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(max(0.0, start + DOWN_WINDOW_S - time.time()))
+    end = time.time()
+    thread.join()
+    wait_serving(worker)
+    return start, end
+
+
+def judge(worker: Worker, window: tuple[float, float]) -> tuple[Verdict, Signals]:
+    """The diagnosis of one scenario's window, judged on its own (no baseline), and the
+    signals it was judged on."""
+    start, end = window
+    tid = q.get_target(worker.store, NAME).id
+    (found,) = signals(worker.store, tid, start, end, end - start)
+    return diagnosis.judge(found), found
+
+
+def describe(v: Verdict, s: Signals) -> str:
+    """Every cause's score and the main signals, for a window judged wrong."""
+    scores = ", ".join(f"{x.cause.value} {x.score:.2f}" for x in diagnosis.scores(s))
+    shown = ("up_share", "restarts", "finished", "failed", "ttft_p50_s", "ttft_p99_s",
+             "itl_p50_s", "itl_p99_s", "ttft_mean_s", "queue_mean_s", "waiting_mean",
+             "kv_max", "preemptions", "prompt_p50", "prompt_p99", "prompt_mean")  # fmt: skip
+    values = ", ".join(f"{k} {getattr(s, k)!r:.8}" for k in shown)
+    return f"{v.cause.value}: scores {scores}; signals {values}"
+
+
+def confusion(pairs: list[tuple[str, str]]) -> str:
+    """A confusion table (injected by row, named by column) as Markdown."""
+    named = sorted({n for _, n in pairs} | set(CAUSES), key=lambda c: (c not in CAUSES, c))
+    lines = [
+        "| injected \\ named | " + " | ".join(named) + " | right |",
+        "|---" * (len(named) + 2) + "|",
+    ]
+    for cause in CAUSES:
+        row = [n for i, n in pairs if i == cause]
+        if not row:
+            continue
+        cells = [str(row.count(n)) for n in named]
+        lines.append(f"| {cause} | " + " | ".join(cells) + f" | {row.count(cause)}/{len(row)} |")
+    return "\n".join(lines)
