@@ -21,8 +21,9 @@ from storage.db import transaction
 from storage.tables import AuditEntry
 
 MASK = "••••"
-# Keys whose values are secrets; a key ending in `_env` names a variable, not a secret.
-_SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|authorization|credential", re.I)
+# Keys whose values are secrets; a key ending in `_env` names a variable, not a secret, and
+# token counts (`max_num_batched_tokens`) and tokenizers are not tokens.
+_SECRET_KEY = re.compile(r"token(?!s|iz)|secret|passw|api[_-]?key|authorization|credential", re.I)
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+")
 
 

@@ -54,12 +54,14 @@ def test_the_slos_page_without_a_broken_window_shows_none(store: Engine) -> None
 def test_the_tail_page_shades_the_windows_that_name_a_cause(store: Engine) -> None:
     _queue_now(store)
     at = run_page("tail")
-    assert any("Shaded: the 2 of 12 windows of 5 min" in c.value for c in at.caption)
+    # The last ten minutes: two windows, three when the page ran a few seconds late.
+    (shown,) = [c.value for c in at.caption if c.value.startswith("Shaded: the ")]
+    n = int(shown.split()[2])
+    assert n in (2, 3) and shown.startswith(f"Shaded: the {n} of 12 windows of 5 min")
     ratio = json.loads(at.get("plotly_chart")[0].proto.spec)
     shaded = [s for s in ratio["layout"]["shapes"] if s.get("fillcolor")]
-    assert len(shaded) == 2
     notes = [a["text"] for a in ratio["layout"]["annotations"]]
-    assert notes.count("queueing") == 2
+    assert len(shaded) == n and notes.count("queueing") == n
 
 
 def test_cause_bands_shade_causes_only() -> None:

@@ -81,3 +81,13 @@ def test_secrets_are_masked_wherever_they_sit() -> None:
     assert got["token_env"] == "KVSCOPE_TOKEN_PROD"
     assert "sk-123456" not in json.dumps(got)
     assert mask("the key hf_abcdef leaked", known=("hf_abcdef",)) == f"the key {MASK} leaked"
+
+
+def test_token_counts_and_tokenizers_are_not_secrets() -> None:
+    """`--max-num-batched-tokens 8192` and a KV capacity in tokens were shown as ••••."""
+    args = ["--max-num-batched-tokens", "8192", "--tokenizer", "/models/t", "--hf-token", "hf_x"]
+    assert mask(args) == ["--max-num-batched-tokens", "8192", "--tokenizer", "/models/t",
+                          "--hf-token", MASK]  # fmt: skip
+    facts = {"kv_capacity": {"tokens": "16,384"}, "max_num_batched_tokens": 8192, "api_token": "x"}
+    assert mask(facts) == {"kv_capacity": {"tokens": "16,384"}, "max_num_batched_tokens": 8192,
+                           "api_token": MASK}  # fmt: skip
