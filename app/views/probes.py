@@ -73,13 +73,17 @@ def _start_form(targets: list[TargetRow]) -> None:
     confirm = None
     if kind.destructive:
         st.warning(
-            f"The {kind.title} probe pushes the engine until it queues, preempts, rejects "
-            "or fails. It can crash the engine and disturbs every request it serves."
+            f"The {kind.title} probe {kind.danger}: it disturbs every request the engine "
+            "serves meanwhile."
         )
         confirm = st.text_input(
             f"Type the target's name ({target.name}) to confirm", key=f"{name}_confirm"
         )
-        if target is not None and not target.managed:
+        if (
+            target is not None
+            and not target.managed
+            and "allow_external" in kind.params.model_fields
+        ):
             data["allow_external"] = st.checkbox(
                 f"{target.name} is not managed by kvscope: push it anyway", key=f"{name}_external"
             )

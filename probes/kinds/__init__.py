@@ -1,6 +1,6 @@
 """Probe kinds: the contract every kind fulfils, the registry, and one module per kind.
 
-A kind module (`latency`, `batch_sweep`, `oom`, `kv_usage`, `capacity`) declares its
+A kind module (`latency`, `batch_sweep`, `oom`, `kv_usage`, `capacity`, `ab`) declares its
 parameters, typed result and progress, how it runs, its form, CLI options and chart
 (`contract.ProbeKind`). `context` holds what a run may use; `runner` executes one, with
 or without the store. This room may import `planner`, `storage` and the rest of `probes`;
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UnknownChoice
-from probes.kinds import batch_sweep, capacity, kv_usage, latency, oom
+from probes.kinds import ab, batch_sweep, capacity, kv_usage, latency, oom
 from probes.kinds.chart import Axis, Band, Chart, Mark, Trace
 from probes.kinds.context import ProbeCancelled, ProbeParams, ProbeProgress, ProbeResult
 from probes.kinds.contract import AnyKind, CliOption, FormField, ProbeKind, Row
@@ -48,7 +48,8 @@ __all__ = [
 
 # The registry: a new kind is a module above and one entry here.
 KINDS: dict[str, AnyKind] = {
-    k.name: k for k in (latency.KIND, batch_sweep.KIND, oom.KIND, kv_usage.KIND, capacity.KIND)
+    k.name: k
+    for k in (latency.KIND, batch_sweep.KIND, oom.KIND, kv_usage.KIND, capacity.KIND, ab.KIND)
 }
 # Keys a run row carries beside the probe's parameters.
 RUN_KEYS = ("target_url", "schedule_id")

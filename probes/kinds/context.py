@@ -13,7 +13,15 @@ import itertools
 import math
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
@@ -107,7 +115,7 @@ class ProbeContext:
     """What a probe may use. `report(fraction, progress)` may be called often; it is cheap.
 
     `spec` is the managed engine's spec when the target is one (the planner's predictions
-    compare against it), else None.
+    compare against it), else None; `restart` runs it with another spec.
     """
 
     vllm: AsyncVllmClient
@@ -118,6 +126,9 @@ class ProbeContext:
     managed: bool = False
     spec: EngineSpec | None = None
     limits: ProbeLimits = field(default_factory=ProbeLimits)
+    # Restart the managed engine running `spec` and wait until it serves (the worker's;
+    # None where the target is not an engine kvscope manages). The A/B probe uses it.
+    restart: Callable[[EngineSpec], Awaitable[None]] | None = None
 
     @property
     def base_url(self) -> str:

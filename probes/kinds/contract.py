@@ -86,8 +86,10 @@ class ProbeKind(Generic[P, R, G]):
     more_charts: Callable[[R], list[Chart]] = lambda result: []
     table: Callable[[R], list[Row]] = lambda result: []
     notes: Callable[[R], list[str]] = lambda result: []
-    # Destructive kinds need a confirmation and an engine kvscope manages.
+    # Destructive kinds need a confirmation and an engine kvscope manages; `danger` says
+    # what they do to it ("pushes an engine until it fails").
     destructive: bool = False
+    danger: str = ""
     records_cdf: bool = False  # the page draws CDFs of its request records
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -98,10 +100,14 @@ class ProbeKind(Generic[P, R, G]):
     def admit(self, params: P, managed: bool) -> None:
         """Refuse a destructive probe on an engine kvscope does not manage, unless allowed."""
         if self.destructive and not managed and not getattr(params, "allow_external", False):
+            external = "allow_external" in type(params).model_fields
             raise InvalidInput(
-                f"the {self.name} probe pushes an engine until it fails: it runs on an engine "
-                "kvscope manages, or on another one with allow_external set "
-                "(--set allow_external=true)"
+                f"the {self.name} probe {self.danger}: it runs on an engine kvscope manages"
+                + (
+                    ", or on another one with allow_external set (--set allow_external=true)"
+                    if external
+                    else ""
+                )
             )
 
     def check(self, params: P, limits: ProbeLimits) -> PlannedLoad:

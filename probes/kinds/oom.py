@@ -450,4 +450,5 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
     table=table,
     notes=notes,
     destructive=True,
+    danger="pushes an engine until it fails",
 )

@@ -44,8 +44,8 @@ def request_probe(
         if probe.destructive:
             if (confirm or "").strip() != target.name:
                 raise InvalidInput(
-                    f"the {probe.title} probe can crash {target.name}: type the target's "
-                    f"name ({target.name}) to confirm"
+                    f"the {probe.title} probe {probe.danger} ({target.name}): type the "
+                    f"target's name ({target.name}) to confirm"
                 )
             fields["confirm"] = True
         params = parse_params(kind, fields, q.stored_profiles(store), limits)

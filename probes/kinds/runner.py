@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ async def execute(
     managed: bool = False,
     spec: EngineSpec | None = None,
     limits: ProbeLimits | None = None,
+    restart: Callable[[EngineSpec], Awaitable[None]] | None = None,
 ) -> ProbeResult:
     """Run one probe to its end (or its cancel) and return its result."""
     kind.admit(params, managed)
@@ -70,6 +71,7 @@ async def execute(
             managed=managed,
             spec=spec,
             limits=limits,
+            restart=restart,
         )
         result: ProbeResult = await kind.run(ctx, params)
         return result.model_copy(update={"model": name, "target": target.base_url})

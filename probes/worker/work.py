@@ -9,6 +9,7 @@ far. Also queues the runs of probe schedules and marks runs a worker left behind
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -113,7 +114,12 @@ def engine_stop(work: WorkQueue, run: RunRow) -> dict[str, Any]:
 def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     """Stop and start a managed engine, applying the saved spec."""
     name = _engine_name(run)
-    spec = _requested_spec(work, run, name)
+    return asdict(_restart(work, run, name, _requested_spec(work, run, name)).state)
+
+
+def _restart(work: WorkQueue, run: RunRow, name: str, spec: EngineSpec) -> EngineManager:
+    """Stop the engine and start it running `spec`; supervision restarts that one after a
+    crash from now on."""
     q.set_desired_state(work.store, name, "stopped")
     with _acting(work.engines.manager(name), run) as manager:
         manager.stop(reason="stopped for a restart")
@@ -122,7 +128,7 @@ def engine_restart(work: WorkQueue, run: RunRow) -> dict[str, Any]:
         manager.start(wait=False)
         q.mark_started(work.store, name, manager.spec.model_dump())
         manager.wait_healthy()
-        return asdict(manager.state)
+        return manager
 
 
 def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
@@ -133,6 +139,10 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
         raise NotFound("this probe run names no target")
     target = work.target(run.target_id)
     manager = work.engines.get(target.name) if target.managed else None
+
+    async def restart(spec: EngineSpec) -> None:
+        await asyncio.to_thread(_restart, work, run, target.name, spec)
+
     outcome = StoredRun(work.store, run.id, stop=work.stopping).run(
         get_kind(run.kind),
         params,
@@ -141,6 +151,7 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
         spec=manager.spec if manager else None,
         model=target.model_name,
         limits=limits,
+        restart=restart if manager else None,
     )
     summary = stored(outcome.result)
     if outcome.cancelled:

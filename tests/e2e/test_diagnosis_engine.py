@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from probes.engine.spec import embedded_spec
+from probes.kinds.ab import Result
 from storage import queries as q
 from tests.e2e.conftest import LiveWorker
 from tests.support import injection
@@ -37,3 +38,38 @@ def test_each_injected_cause_is_named(live: LiveWorker, diag_engine: str) -> Non
         if verdict.cause.value != cause:
             wrong.append(f"{cause} named {injection.describe(verdict, signals)}")
     assert not wrong, "\n".join([injection.confusion(pairs), *wrong])
+
+
+def test_the_ab_probe_shows_what_chunked_prefill_does(live: LiveWorker, diag_engine: str) -> None:
+    """Long prompts among short ones: with chunked prefill (512-token chunks) a short request
+    waits for one chunk, without it for a whole 7,000-token prefill. One round here (three
+    restarts); benchmarks/ab.py runs more and prints the spread."""
+    store = live.worker.store
+    before = live.worker.engines[injection.NAME].spec
+    run = live.request(
+        "ab",
+        target=injection.NAME,
+        timeout=900,
+        confirm=True,
+        rounds=1,
+        rate=2,
+        duration_s=15,
+        profile=injection.MIX,
+        request_timeout_s=120,
+        a={"enable_chunked_prefill": True, "max_num_batched_tokens": 512},
+        b={"enable_chunked_prefill": False, "max_num_batched_tokens": 8192},
+    )
+    assert run.status == "done", run.error
+    result = Result.model_validate(run.summary)
+    a, b = result.arms
+    assert [x.arm for x in result.runs] == ["A", "B"]
+    assert {x.short_class for x in result.runs} == {"prompt <= 512"}
+    assert a.short_ttft_p99_s is not None and b.short_ttft_p99_s is not None
+    assert a.short_ttft_p99_s < b.short_ttft_p99_s / 2, (a, b)
+    # The engine runs as before the experiment, and its target is scraped again.
+    injection.wait_serving(live.worker)
+    assert live.worker.engines[injection.NAME].spec == before
+    tid = q.get_target(store, injection.NAME).id
+    finished = run.finished_at or 0.0
+    restarts = q.events(store, run.created_at, finished, tid, kinds=["engine_starting"])
+    assert len(restarts) == 3  # arm A, arm B, and back as it was

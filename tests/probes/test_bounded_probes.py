@@ -15,12 +15,14 @@ import pytest
 from sqlalchemy import Engine
 
 from planner.errors import Cancelled, InvalidInput
+from probes.engine.spec import EngineSpec, embedded_spec
 from probes.kinds import KINDS, StoredRun, execute, get_kind, parse_params
 from probes.kinds.context import ProbeContext
 from probes.load.generator import Arrival, Bounds, RequestSpec, new_client, run_open_loop
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 from storage import queries as q
 from storage.schemas import ProbeLimits
+from storage.settings import Settings
 from tests.support.cli import kvscope
 from tests.support.fake_openai import FakeConfig, serve
 
@@ -115,12 +117,27 @@ def _quick(kind: str) -> dict[str, Any]:
         "oom": {"confirm": True, "batch": 2, "start_context": 256, "step": 64, "max_steps": 100},
         "kv_usage": {"rate": 5, "duration_s": 60, "baseline_s": 30, "prompt_tokens": 32},
         "capacity": {"ttft_slo_s": 5, "tpot_slo_s": 1, "duration_s": 60, "start_rate": 2},
-    }
+        "ab": {"confirm": True, "a": {"max_num_seqs": 2}, "b": {"max_num_seqs": 4}, "rate": 5,
+               "duration_s": 60, "prompt_tokens": 16, "output_tokens": 4},
+    }  # fmt: skip
     return quick[kind]
 
 
+def _engine(kind: str, settings: Settings) -> dict[str, Any]:
+    """What a kind that restarts the engine is given by the worker: its spec, a restart."""
+    if kind != "ab":
+        return {}
+
+    async def restart(spec: EngineSpec) -> None:
+        await asyncio.sleep(0.1)
+
+    return {"spec": embedded_spec(settings), "restart": restart}
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_every_kind_honours_a_cancel_within_two_seconds(store: Engine, kind: str) -> None:
+def test_every_kind_honours_a_cancel_within_two_seconds(
+    store: Engine, settings: Settings, kind: str
+) -> None:
     params = parse_params(kind, _quick(kind))
     run = q.start_run(store, kind, params.model_dump())
     runner = StoredRun(store, run.id)
@@ -134,7 +151,9 @@ def test_every_kind_honours_a_cancel_within_two_seconds(store: Engine, kind: str
 
         threading.Thread(target=cancel_soon, daemon=True).start()
         try:
-            cancelled = runner.run(get_kind(kind), params, Target(fake.url), managed=True).cancelled
+            probe = get_kind(kind)
+            extra = _engine(kind, settings)
+            cancelled = runner.run(probe, params, Target(fake.url), managed=True, **extra).cancelled
         except Cancelled:  # between steps a probe stops with what it had stored
             cancelled = True
         took = time.monotonic() - cancelled_at[0]

@@ -16,6 +16,8 @@ from app.charts.probes import figure
 from app.cli import app
 from probes.kinds import KINDS, AnyKind, execute, parse_params
 from probes.vllm.client import Target
+from storage.settings import Settings
+from tests.probes.test_bounded_probes import _engine
 from tests.support.fake_openai import FakeConfig, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +47,9 @@ QUICK: dict[str, dict[str, Any]] = {
         "prompt_tokens": 16,
         "output_tokens": 4,
     },
-}
+    "ab": {"confirm": True, "a": {"max_num_seqs": 2}, "b": {"max_num_seqs": 4}, "rate": 20,
+           "duration_s": 0.5, "prompt_tokens": 16, "output_tokens": 4, "rounds": 2},
+}  # fmt: skip
 
 
 def test_every_kind_has_a_quick_run_here() -> None:
@@ -53,7 +57,9 @@ def test_every_kind_has_a_quick_run_here() -> None:
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
-def test_every_kind_has_a_command_a_form_a_chart_and_a_section(kind: AnyKind) -> None:
+def test_every_kind_has_a_command_a_form_a_chart_and_a_section(
+    kind: AnyKind, settings: Settings
+) -> None:
     # CLI: the command exists and every declared option reaches its Params field.
     res = CliRunner().invoke(app, ["probe", kind.command, "--help"])
     assert res.exit_code == 0, res.output
@@ -69,7 +75,8 @@ def test_every_kind_has_a_command_a_form_a_chart_and_a_section(kind: AnyKind) ->
     # Chart, table and headline of a real (short) run.
     params = parse_params(kind.name, QUICK[kind.name])
     with serve(FakeConfig(metrics=True, max_model_len=1024)) as fake:
-        result = asyncio.run(execute(kind, params, Target(fake.url), managed=True))
+        extra = _engine(kind.name, settings)
+        result = asyncio.run(execute(kind, params, Target(fake.url), managed=True, **extra))
     assert isinstance(result, kind.result)
     fig = figure(kind.chart(result))
     assert len(fig.data) >= 1 and fig.layout.title.text
