@@ -20,6 +20,7 @@ import streamlit as st
 from sqlalchemy import Engine
 from streamlit.errors import FragmentHandledException
 
+from planner.cost import retry_amplification
 from planner.errors import Forbidden, KvscopeError
 from storage import dashboards, queries
 from storage.access import Actor
@@ -223,3 +224,45 @@ def worker_banner() -> None:
     status = worker_status(db_url())
     if not status.alive:
         st.warning(status.message, icon="⚠️")
+
+
+def retry_panel(failure_share: float, replicas: float | None, key: str) -> None:
+    """How a client retry policy multiplies the load at a failure share, and the retry
+    budget that bounds it (the Cost and SLOs pages)."""
+    st.subheader("What retries do to the load")
+    c = st.columns(3)
+    fail = c[0].number_input(
+        "Share of requests that fail", 0.0, 1.0, value=failure_share, format="%.3f",
+        key=f"{key}_retry_fail",
+    )  # fmt: skip
+    retries = c[1].number_input("Retries a client makes", 0, 20, value=3, key=f"{key}_retries")
+    budget = c[2].number_input(
+        "Retry budget (retries per request, at most)",
+        0.0,
+        value=0.1,
+        format="%.2f",
+        key=f"{key}_retry_budget",
+        help="e.g. 0.1: retries may add at most 10% to the requests; with backoff and jitter",
+    )
+    try:
+        free = retry_amplification(fail, int(retries))
+        capped = retry_amplification(fail, int(retries), budget)
+    except KvscopeError as err:
+        st.error(str(err))
+        return
+    d = st.columns(2)
+    for col, title, load in (
+        (d[0], "Load without a budget", free.attempts_unbounded),
+        (d[1], "Load with the budget", capped.attempts),
+    ):
+        needs = (
+            None
+            if replicas is None
+            else f"{replicas:g} replicas' traffic needs {replicas * load:.1f}"
+        )
+        col.metric(title, f"{load:.2f}x", help=needs)
+    if capped.budget_binds:
+        st.caption(
+            "The budget binds: past it, failed requests are not retried, so an overloaded "
+            "engine that fails more is not also sent more (the spiral retries start)."
+        )

@@ -21,7 +21,6 @@ from planner.cost import (
     fewer_chunks,
     ladder,
     no_reasoning,
-    retry_amplification,
     share_outside_from_measurements,
     share_outside_from_queueing,
     shorter_answers,
@@ -80,7 +79,7 @@ def render() -> None:
             )
     if inputs is not None:
         _cold_start(inputs)
-        _retries(inputs)
+        common.retry_panel(0.2, inputs["base"], key="cost")
     st.divider()
     steps = _ladder()
     if st.button("Record this frame", key="cost_record") and inputs is not None:
@@ -346,40 +345,3 @@ def _cold_start(inputs: dict[str, Any]) -> None:
         "A rough model: the load one replica takes goes unserved for the whole cold start; "
         "a bigger surge, or a longer start (a larger model, a cold cache), costs more."
     )
-
-
-def _retries(inputs: dict[str, Any]) -> None:
-    st.subheader("What retries do to the load")
-    c = st.columns(3)
-    fail = c[0].number_input("Share of requests that fail", 0.0, 1.0, value=0.2, format="%.3f")
-    retries = c[1].number_input("Retries a client makes", 0, 20, value=3)
-    budget = c[2].number_input(
-        "Retry budget (retries per request, at most)",
-        0.0,
-        value=0.1,
-        format="%.2f",
-        help="e.g. 0.1: retries may add at most 10% to the requests; with backoff and jitter",
-    )
-    try:
-        free = retry_amplification(fail, int(retries))
-        capped = retry_amplification(fail, int(retries), budget)
-    except KvscopeError as err:
-        st.error(str(err))
-        return
-    base = inputs["base"]
-    d = st.columns(2)
-    d[0].metric(
-        "Load without a budget",
-        f"{free.attempts_unbounded:.2f}x",
-        help=f"{base} replicas' traffic needs {base * free.attempts_unbounded:.1f}",
-    )
-    d[1].metric(
-        "Load with the budget",
-        f"{capped.attempts:.2f}x",
-        help=f"{base} replicas' traffic needs {base * capped.attempts:.1f}",
-    )
-    if capped.budget_binds:
-        st.caption(
-            "The budget binds: past it, failed requests are not retried, so an overloaded "
-            "engine that fails more is not also sent more (the spiral retries start)."
-        )

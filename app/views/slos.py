@@ -38,6 +38,8 @@ def render() -> None:
             if st.button("Remove", disabled=not sure, key="slo_remove_btn"):
                 changes.remove_slo(store, common.actor(), name)
                 st.rerun()
+    with st.expander("What retries do to the load when the SLO breaks"):
+        common.retry_panel(_worst_bad_share(), None, key="slos")
     with st.expander("MLPerf Inference presets and where they come from"):
         st.dataframe(
             pd.DataFrame(
@@ -51,6 +53,17 @@ def render() -> None:
 
 
 VIOLATIONS_SINCE_S = 6 * 3600.0
+
+
+def _worst_bad_share() -> float:
+    """The largest share outside an SLO now (exact where probes measured it, else the
+    histograms' pessimistic bound): where the retry panel starts; 0.2 without data."""
+    shares = [
+        1.0 - share
+        for r in slo_reports(common.store())
+        if (share := r.exact_share if r.exact_share is not None else r.histogram_lower) is not None
+    ]
+    return round(max(shares), 3) if shares else 0.2
 
 
 @st.fragment(run_every=60.0)
