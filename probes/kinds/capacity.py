@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from probes.kinds import latency
-from probes.kinds.chart import Axis, Chart, Mark, TailPoint, Trace, tail_against_rate
+from probes.kinds.chart import Axis, Chart, Color, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
     PROMPT_BUILD_S,
     Figures,
@@ -67,6 +67,8 @@ class Step(Figures):
     ttft_s: Percentiles
     tpot_s: Percentiles
     requests_per_s: float
+    # Per request class, when the rate's run had more than one (else empty).
+    by_class: list[latency.ClassFigures] = Field(default_factory=list)
 
 
 class Slo(Figures):
@@ -120,6 +122,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 ttft_s=m.ttft_s,
                 tpot_s=m.tpot_s,
                 requests_per_s=m.requests_per_s,
+                by_class=m.by_class,
             )
         )
         phase = f"rate {rate:g}: {'held' if passed else 'broke'}"
@@ -197,6 +200,29 @@ def tail_chart(r: Result) -> Chart:
     return tail_against_rate(points, "TPOT", r.capacity_rps, "capacity", r.slo.ttft_s, r.slo.tpot_s)
 
 
+def class_chart(r: Result) -> Chart:
+    """TTFT and ITL p99 of each request class against the rate: head-of-line blocking shows
+    as the short class's TTFT rising with the rate while long prompts share the batch."""
+    names = sorted({c.name for s in r.steps for c in s.by_class})
+    colors: tuple[Color, ...] = ("c0", "c1", "c2", "c3")
+    traces = []
+    steps = sorted(r.steps, key=lambda s: s.rate)
+    for i, name in enumerate(names):
+        got = [(s.rate, c) for s in steps for c in s.by_class if c.name == name]
+        rates = [rate for rate, _ in got]
+        color = colors[i % len(colors)]
+        traces.append(Trace(f"{name} TTFT p99", rates, [c.ttft_s.p99 for _, c in got],
+                            mode="lines+markers", color=color))  # fmt: skip
+        traces.append(Trace(f"{name} ITL p99", rates, [c.itl_s.p99 for _, c in got],
+                            mode="lines+markers", color=color, dash="dot"))  # fmt: skip
+    return Chart(
+        title="By request class, against the rate",
+        x=Axis("requests per second"),
+        y=Axis("seconds", log=True),
+        traces=traces,
+    )
+
+
 def table(r: Result) -> list[Row]:
     """The rates tried."""
     keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
@@ -231,7 +257,10 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
     ),
     chart=lambda r: steps_chart(r.steps, r.slo.share),
     partial_chart=lambda p: steps_chart(p.steps, p.share) if p.steps else None,
-    more_charts=lambda r: [tail_chart(r)] if r.steps else [],
+    more_charts=lambda r: (
+        ([tail_chart(r)] if r.steps else [])
+        + ([class_chart(r)] if any(s.by_class for s in r.steps) else [])
+    ),
     headline=lambda r: r.message,
     table=table,
 )

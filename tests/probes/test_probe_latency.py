@@ -210,3 +210,26 @@ def test_a_mixed_workload_is_split_by_request_class() -> None:
             )
         )
     assert isinstance(one, Result) and one.by_class == []
+
+
+def test_a_capacity_search_splits_each_rate_by_request_class() -> None:
+    from probes.kinds.capacity import Result as CapacityResult
+    from probes.kinds.capacity import class_chart
+
+    params = parse_params(
+        "capacity",
+        {"ttft_slo_s": 1.0, "tpot_slo_s": 0.1, "start_rate": 20, "max_rate": 40,
+         "duration_s": 1, "iterations": 0, "profile": "code-review", "arrival": "constant"},
+    )  # fmt: skip
+    with serve(FakeConfig(ttft_s=0.01, itl_s=0.001)) as fake:
+        out = asyncio.run(execute(get_kind("capacity"), params, Target(fake.url)))
+    assert isinstance(out, CapacityResult) and len(out.steps) >= 2
+    for step in out.steps:
+        assert {c.name for c in step.by_class} == {"short", "long"}
+        assert sum(c.requests for c in step.by_class) == step.requests
+    chart = class_chart(out)
+    assert {t.name for t in chart.traces} == {
+        "short TTFT p99", "short ITL p99", "long TTFT p99", "long ITL p99"
+    }  # fmt: skip
+    assert [len(t.x) for t in chart.traces] == [len(out.steps)] * 4
+    assert len(get_kind("capacity").more_charts(out)) == 2  # tail against rate, and by class
