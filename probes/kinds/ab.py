@@ -5,8 +5,9 @@ head-of-line blocking rather than guess.
 The engine is restarted with each arm's settings before that arm runs; rounds alternate the
 order (A B, B A, A B, ...) so drift on a shared machine falls on both arms alike. Each arm
 reports short requests' TTFT p99 (the lowest prompt band of the mix: what long prefills
-hold up) and everyone's ITL p99, as the median over its rounds with the spread (lowest and
-highest round). At the end the engine is restarted as it was.
+hold up), everyone's ITL p99 and the worst ITL (the longest stall of a running request),
+each as the median over its rounds with the spread (lowest and highest round). At the end
+the engine is restarted as it was.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class ArmRun(BaseModel):
     short_ttft_p99_s: float | None
     ttft_p99_s: float | None
     itl_p99_s: float | None
+    itl_max_s: float | None = None  # the worst stall of any running request
     trustworthy: bool
 
 
@@ -103,6 +105,8 @@ class Arm(BaseModel):
     short_ttft_p99_range: tuple[float, float] | None
     itl_p99_s: float | None
     itl_p99_range: tuple[float, float] | None
+    itl_max_s: float | None = None
+    itl_max_range: tuple[float, float] | None = None
 
 
 class Result(ProbeResult):
@@ -156,7 +160,8 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                     ArmRun(
                         arm=arm, round=r + 1, requests=m.requests, errors=m.errors,
                         short_class=name, short_ttft_p99_s=short, ttft_p99_s=m.ttft_s.p99,
-                        itl_p99_s=m.itl_s.p99, trustworthy=m.trustworthy,
+                        itl_p99_s=m.itl_s.p99, itl_max_s=m.itl_s.max,
+                        trustworthy=m.trustworthy,
                     )
                 )  # fmt: skip
     finally:
@@ -167,10 +172,12 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         mine = [x for x in runs if x.arm == arm]
         short, short_range = _spread([x.short_ttft_p99_s for x in mine])
         itl, itl_range = _spread([x.itl_p99_s for x in mine])
+        stall, stall_range = _spread([x.itl_max_s for x in mine])
         arms.append(
             Arm(
                 arm=arm, settings=settings, short_ttft_p99_s=short,
                 short_ttft_p99_range=short_range, itl_p99_s=itl, itl_p99_range=itl_range,
+                itl_max_s=stall, itl_max_range=stall_range,
             )
         )  # fmt: skip
     ctx.report(1.0, ProbeProgress(phase="done"))
@@ -195,6 +202,10 @@ def chart(r: Result) -> Chart:
             Trace(f"{_label(arm)} · ITL p99", ["ITL p99"] * len(mine),
                   [x.itl_p99_s for x in mine], mode="markers", color=color, symbol="x", size=11)
         )  # fmt: skip
+        traces.append(
+            Trace(f"{_label(arm)} · ITL max", ["ITL max"] * len(mine),
+                  [x.itl_max_s for x in mine], mode="markers", color=color, symbol="x", size=11)
+        )  # fmt: skip
     return Chart(
         title="A/B: each round's tail, per arm", x=Axis(""), y=Axis("seconds", log=True),
         traces=traces,
@@ -207,19 +218,22 @@ def table(r: Result) -> list[Row]:
     for arm in r.arms:
         lo, hi = arm.short_ttft_p99_range or (None, None)
         ilo, ihi = arm.itl_p99_range or (None, None)
+        mlo, mhi = arm.itl_max_range or (None, None)
         rows.append(
             {"arm": _label(arm), "short TTFT p99 (median)": arm.short_ttft_p99_s,
              "lowest": lo, "highest": hi, "ITL p99 (median)": arm.itl_p99_s,
-             "ITL lowest": ilo, "ITL highest": ihi}
+             "ITL lowest": ilo, "ITL highest": ihi, "worst ITL (median)": arm.itl_max_s,
+             "worst lowest": mlo, "worst highest": mhi}
         )  # fmt: skip
     return rows
 
 
 def headline(r: Result) -> str:
-    """The two arms' short-request TTFT p99, in one line."""
-    parts = [f"{a.arm} {_ms(a.short_ttft_p99_s)}" for a in r.arms]
+    """The two arms' short-request TTFT p99 and worst ITL, in one line."""
     rounds = max((x.round for x in r.runs), default=0)
-    return f"short requests' TTFT p99, median of {rounds} rounds: " + " vs ".join(parts)
+    ttft = " vs ".join(f"{a.arm} {_ms(a.short_ttft_p99_s)}" for a in r.arms)
+    stall = " vs ".join(f"{a.arm} {_ms(a.itl_max_s)}" for a in r.arms)
+    return f"median of {rounds} rounds: short requests' TTFT p99 {ttft}; worst ITL {stall}"
 
 
 def _ms(v: float | None) -> str:

@@ -775,12 +775,13 @@ class _Figures(BaseModel):
 
 
 class Percentiles(_Figures):
-    """p50/p95/p99/mean of one latency in seconds; None without data."""
+    """p50/p95/p99/mean/max of one latency in seconds; None without data."""
 
     p50: float | None = None
     p95: float | None = None
     p99: float | None = None
     mean: float | None = None
+    max: float | None = None  # the worst one (runs stored before it was kept have none)
 
     @property
     def tail_ratio(self) -> float | None:
@@ -829,12 +830,15 @@ class Summary(_Figures):
 
 
 def percentiles(values: Sequence[float] | np.ndarray) -> Percentiles:
-    """Linear-interpolated p50/p95/p99 (as planner.stats.percentile) and the mean."""
+    """Linear-interpolated p50/p95/p99 (as planner.stats.percentile), the mean and the max."""
     xs = np.asarray(values, dtype=float)
     if xs.size == 0:
         return Percentiles()
     q = np.quantile(xs, [0.5, 0.95, 0.99])
-    return Percentiles(p50=float(q[0]), p95=float(q[1]), p99=float(q[2]), mean=float(xs.mean()))
+    return Percentiles(
+        p50=float(q[0]), p95=float(q[1]), p99=float(q[2]), mean=float(xs.mean()),
+        max=float(xs.max()),
+    )  # fmt: skip
 
 
 class Tally:

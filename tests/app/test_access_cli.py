@@ -64,7 +64,7 @@ def test_the_audit_export_has_every_change_with_secrets_masked(tmp_path: Path) -
     ]
     assert "correct horse" not in res.stdout
     res = kvscope("audit", "export", "--since", "yesterday", env_dir=tmp_path)
-    assert res.returncode == 2 and "give an age such as 15m, 24h or 30d" in res.stderr
+    assert res.returncode == 2 and "give a length of time such as 90s, 15m, 24h" in res.stderr
 
 
 def test_the_console_refuses_other_addresses_without_sign_in(tmp_path: Path) -> None:

@@ -18,18 +18,23 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from planner import diagnosis
 from planner.diagnosis import Signals, Verdict
-from probes.engine.spec import EngineSpec
+from probes.engine.spec import EngineSpec, build_tiny_model, embedded_spec
 from probes.worker import Worker
 from storage import queries as q
 from storage.dashboards.diagnosis import signals
 from storage.schemas import RunRow
+from storage.settings import Settings
+from tests.support.waiting import free_port
 
 NAME = "diag"
 CAUSES = ("none", "queueing", "kv_pressure", "prefill_interference", "down")
@@ -133,3 +138,53 @@ def confusion(pairs: list[tuple[str, str]]) -> str:
         cells = [str(row.count(n)) for n in named]
         lines.append(f"| {cause} | " + " | ".join(cells) + f" | {row.count(cause)}/{len(row)} |")
     return "\n".join(lines)
+
+
+@contextmanager
+def diag_worker(engine_venv: Path) -> Iterator[tuple[Worker, Request]]:
+    """For the benchmarks: a worker of their own on a throwaway store, ticking in a thread,
+    with the diag engine started; everything stopped afterwards. Yields the worker and a
+    `request(kind, target=..., **params)` that queues a run and waits for its outcome."""
+    with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as folder:
+        settings = Settings(
+            data_dir=Path(folder), scrape_interval_s=1.0, engine_venv=engine_venv,
+            embedded_port=free_port(), demo_load=False,
+        )  # fmt: skip
+        build_tiny_model(settings)
+        worker = Worker(settings)
+        worker.start()
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.is_set():
+                worker.tick()
+                stop.wait(0.3)
+
+        def request(
+            kind: str, timeout: float = 900, target: str | None = None, **params: object
+        ) -> RunRow:
+            tid = q.get_target(worker.store, target).id if target else None
+            run = q.request_run(worker.store, kind, dict(params), target_id=tid)
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                run = q.get_run(worker.store, run.id)
+                if run.status not in ("queued", "running"):
+                    return run
+                time.sleep(0.5)
+            raise RuntimeError(f"{kind} did not finish in {timeout} s")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            spec = diag_spec(embedded_spec(settings), free_port())
+            q.save_engine_spec(worker.store, spec.name, spec.model_dump())
+            started = request("engine_start", name=spec.name)
+            if started.status != "done":
+                raise RuntimeError(f"engine {NAME} did not start: {started.error}")
+            yield worker, request
+        finally:
+            stop.set()
+            ticker.join(timeout=10)
+            for manager in worker.engines.values():
+                manager.stop(timeout=10)
+            worker.stop()
