@@ -57,7 +57,9 @@ def test_bad_parameters_are_refused_with_their_names() -> None:
         parse_params("latency", {"bogus": 1})
     with pytest.raises(InvalidInput, match="profile or prompt/output"):
         parse_params("latency", {"profile": "chat", "prompt_tokens": 10})
-    with pytest.raises(UnknownChoice, match="valid choices: batch_sweep, capacity, kv_usage, lat"):
+    with pytest.raises(
+        UnknownChoice, match="valid choices: ab, batch_sweep, capacity, kv_usage, lat"
+    ):
         parse_params("nope", {})
 
 
@@ -233,3 +235,22 @@ def test_a_capacity_search_splits_each_rate_by_request_class() -> None:
     }  # fmt: skip
     assert [len(t.x) for t in chart.traces] == [len(out.steps)] * 4
     assert len(get_kind("capacity").more_charts(out)) == 2  # tail against rate, and by class
+
+
+def test_an_ab_arm_may_set_only_scheduling_and_cache_settings() -> None:
+    base = {"confirm": True, "a": {"max_num_seqs": 2}, "b": {"max_num_seqs": 4}}
+    assert parse_params("ab", base)
+    with pytest.raises(InvalidInput, match="env: an arm may set only block_size"):
+        parse_params("ab", base | {"b": {"env": {"LD_PRELOAD": "x.so"}}})
+    with pytest.raises(InvalidInput, match="an arm needs at least one setting"):
+        parse_params("ab", base | {"a": {}})
+    with pytest.raises(InvalidInput, match="restarts the engine before each arm"):
+        parse_params("ab", base | {"confirm": False})
+
+
+def test_the_ab_probe_needs_an_engine_kvscope_manages() -> None:
+    params = parse_params(
+        "ab", {"confirm": True, "a": {"max_num_seqs": 2}, "b": {"max_num_seqs": 4}}
+    )
+    with pytest.raises(InvalidInput, match="restarts the engine with each arm's settings"):
+        get_kind("ab").admit(params, managed=False)
