@@ -70,11 +70,14 @@ def _panel() -> None:
         for r in down:
             st.error(f"**{r.name}** is down: {common.md_text(r.health_message)}")
         _why(url)
+    causes = {p.target: p.verdict.cause for p in common.open_problems(url)}
     for alert in common.open_alerts(url):
         show = {"critical": st.error, "warning": st.warning}.get(alert.severity, st.info)
+        cause = causes.get(alert.target)
         show(
             f"**{alert.rule}** on {alert.target}, for {common.age(alert.started_at)}: "
             f"{common.md_text(alert.message)}"
+            + (f" Likely cause now: **{cause}**." if cause else "")
         )
     st.caption(f"GPUs on the worker's host: {status.gpu_message}")
     if status.gpus:

@@ -24,10 +24,14 @@ def _queue_now(store: Engine) -> None:
 
 def test_the_overview_says_why(store: Engine) -> None:
     _queue_now(store)
+    rule = q.save_rule(store, {"name": "queue", "kind": "queue_depth"})
+    q.fire_alert(store, rule, 1, "warning", 20.0, "20 requests waiting", time.time())
     at = run_page("overview")
-    (why,) = [w.value for w in at.warning if "queueing" in w.value]
+    (why,) = [w.value for w in at.warning if w.value.startswith("**t**, last 5 min")]
     assert why.startswith("**t**, last 5 min: **queueing**: requests waited in the queue")
     assert "queue share of TTFT 0.8" in why and "Runner-up:" in why
+    (alert,) = [w.value for w in at.warning if w.value.startswith("**queue** on t")]
+    assert alert.endswith("20 requests waiting Likely cause now: **queueing**.")
 
 
 def test_the_slos_page_names_the_cause_of_each_broken_window(store: Engine) -> None:
