@@ -61,7 +61,9 @@ def _charts(target: TargetRow, window: float) -> None:
                 "count": st.column_config.NumberColumn("requests in window", format="%d"),
             },
         )
-        found = common.diagnosis(common.db_url(), target.id, start, end)
+        # Judged once a minute (windows of 5 minutes at least): cached across refreshes.
+        judged_end = float(int(end // 60) * 60)
+        found = common.diagnosis(common.db_url(), target.id, judged_end - (end - start), judged_end)
         bands = [(w.start, w.end, w.cause) for w in found.windows]
         problems = [w for w in found.windows if w.cause != "none"]
         if problems:
