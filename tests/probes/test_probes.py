@@ -128,6 +128,7 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
             ttft_s=Percentiles(),
             tpot_s=Percentiles(),
             requests_per_s=rate,
+            by_class=[],
         )
 
     monkeypatch.setattr(latency, "measure", fake_measure)
