@@ -319,11 +319,17 @@ def gauge_window(
     times = grid.points
     how = METRICS[name].combine if name in METRICS else "mean"
     loaded = _load(store, target_id, name, grid, window_s, cumulative=False)
+    tops: dict[str, _Series] = {}
+    if grid.resolution:  # each bucket's peak, read once for every label set
+        tops = {
+            s.labels_key: s
+            for s in _load(store, target_id, name, grid, window_s, cumulative=False, stat="max")
+        }
     means, peaks = [], []
     for s in loaded:
         if grid.resolution:
-            peak_s = _load_peaks(store, target_id, name, grid, window_s, s.labels_key)
-            m, p = _bucket_window(s, peak_s, times, window_s)
+            empty = _Series(s.labels_key, np.array([]), np.array([]))
+            m, p = _bucket_window(s, tops.get(s.labels_key, empty), times, window_s)
         else:
             m, p = _step_window(s, times, window_s, grid.stale_s)
         means.append(m)
@@ -352,15 +358,6 @@ def _step_window(
             means[i] = float((weight * np.where(known, values, 0.0)).sum() / weight.sum())
             peaks[i] = float(values[known].max())
     return means, peaks
-
-
-def _load_peaks(
-    store: Engine, target_id: int, name: str, grid: Grid, window_s: float, labels_key: str
-) -> _Series:
-    for s in _load(store, target_id, name, grid, window_s, cumulative=False, stat="max"):
-        if s.labels_key == labels_key:
-            return s
-    return _Series(labels_key, np.array([]), np.array([]))
 
 
 def _bucket_window(

@@ -258,6 +258,7 @@ def summarize(name: str, found: list[dx.Verdict]) -> Diagnosis:
     order = list(dx.Cause)
     worst = min(problems, key=lambda v: (-v.score, order.index(v.cause), -v.end), default=None)
     shown = worst or (found[-1] if found else None)
+    shown_worst = VerdictOut.of(worst) if worst else None
     start = found[0].start if found else 0.0
     end = found[-1].end if found else 0.0
     return Diagnosis(
@@ -266,10 +267,10 @@ def summarize(name: str, found: list[dx.Verdict]) -> Diagnosis:
         end=end,
         window_s=found[0].window_s if found else 0.0,
         cause=(worst.cause if worst else dx.Cause.NONE).value,
-        evidence=VerdictOut.of(worst).evidence if worst else [],
+        evidence=shown_worst.evidence if shown_worst else [],
         runner_up=(shown.runner_up if shown else dx.Cause.NONE).value,
         explanation=dx.EXPLAINS[worst.cause if worst else dx.Cause.NONE],
-        worst=VerdictOut.of(worst) if worst else None,
+        worst=shown_worst,
         windows=[VerdictOut.of(v) for v in found],
     )
 
