@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from probes.worker import Worker
 from storage import queries as q
 from storage.schemas import RunRow
 from storage.settings import Settings
-from tests.support.waiting import free_port
+from tests.support.waiting import free_port, queue_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 # The session's engine demands this key on its /v1 routes, as `vllm serve --api-key` does:
@@ -75,15 +74,7 @@ class LiveWorker:
         self, kind: str, timeout: float = 300.0, target: str | None = None, **params: object
     ) -> RunRow:
         """Queue a work row (against a target, for probes) and wait for its outcome."""
-        tid = q.get_target(self.worker.store, target).id if target else None
-        run = q.request_run(self.worker.store, kind, dict(params), target_id=tid)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            run = q.get_run(self.worker.store, run.id)
-            if run.status not in ("queued", "running"):
-                return run
-            time.sleep(0.5)
-        raise AssertionError(f"{kind} did not finish in {timeout} s")
+        return queue_and_wait(self.worker.store, kind, params, target, timeout)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from storage import queries as q
 from storage.dashboards.diagnosis import signals
 from storage.schemas import RunRow
 from storage.settings import Settings
-from tests.support.waiting import free_port
+from tests.support.waiting import free_port, queue_and_wait
 
 NAME = "diag"
 CAUSES = ("none", "queueing", "kv_pressure", "prefill_interference", "down")
@@ -164,15 +164,7 @@ def diag_worker(engine_venv: Path) -> Iterator[tuple[Worker, Request]]:
         def request(
             kind: str, timeout: float = 900, target: str | None = None, **params: object
         ) -> RunRow:
-            tid = q.get_target(worker.store, target).id if target else None
-            run = q.request_run(worker.store, kind, dict(params), target_id=tid)
-            deadline = time.time() + timeout
-            while time.time() < deadline:
-                run = q.get_run(worker.store, run.id)
-                if run.status not in ("queued", "running"):
-                    return run
-                time.sleep(0.5)
-            raise RuntimeError(f"{kind} did not finish in {timeout} s")
+            return queue_and_wait(worker.store, kind, params, target, timeout)
 
         ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()

@@ -1,10 +1,16 @@
-"""Small waits the tests share: a free loopback port, and polling until something holds."""
+"""Small waits the tests share: a free loopback port, polling until something holds, and a
+work row queued and waited for."""
 
 from __future__ import annotations
 
 import socket
 import time
 from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from storage import queries as q
+from storage.schemas import RunRow
 
 
 def free_port() -> int:
@@ -22,3 +28,18 @@ def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "con
             return
         time.sleep(0.1)
     raise AssertionError(f"{what} not met in {timeout:g} s")
+
+
+def queue_and_wait(
+    store: Engine, kind: str, params: dict[str, object], target: str | None, timeout: float
+) -> RunRow:
+    """Queue a work row (against a target, by name) and wait until the worker has ended it."""
+    tid = q.get_target(store, target).id if target else None
+    run = q.request_run(store, kind, dict(params), target_id=tid)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        run = q.get_run(store, run.id)
+        if run.status not in ("queued", "running"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"{kind} did not finish in {timeout} s")
