@@ -33,15 +33,7 @@ from planner.kv import (
     sequence_bytes,
     token_bytes_per_layer,
 )
-from planner.memory import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_SEQS,
-    MemoryBudget,
-    estimate_activation_bytes,
-    estimate_cuda_graph_bytes,
-    estimate_non_torch_bytes,
-    memory_budget,
-)
+from planner.memory import DEFAULT_MAX_NUM_SEQS, MemoryBudget, memory_budget
 from planner.models import (
     ModelArch,
     param_count,
@@ -50,6 +42,7 @@ from planner.models import (
     stage_weight_bytes,
     weight_bytes,
 )
+from planner.overheads import AccountingChoice, accounting_for, default_batch_limits, overheads
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
@@ -66,18 +59,21 @@ class PlanRequest:
     weights_dtype: str = "auto"
     model_dtype: str = "auto"
     kv_dtype: str = "auto"
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = None  # None: the release's default
     kv_cache_memory_bytes: int | None = None
     block_size: int | None = None
     max_model_len: int | None = None
     context: int | None = None
     batch: int = 1
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None  # None: vLLM's default for the GPU
+    max_num_seqs: int | None = None
+    weights_bytes_per_gpu: int | None = None  # measured (a startup log) instead of counted
     activation_bytes: int | None = None
     non_torch_bytes: int | None = None
     cuda_graph_bytes: int | None = None
     enforce_eager: bool = False
+    vllm_version: str | None = None  # None: the newest release the planner knows
+    nodes: int = 1  # machines the replica spans (NCCL over the network)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +109,19 @@ class CapacityPlan:
     max_sequences: int
     fits: bool
     startup_ok: bool
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    accounting: AccountingChoice | None = None
+    # When unsure (unknown release, no ground truth for the model class or the accounting)
+    # the plan itself is the pessimistic end and this the optimistic one; else equal.
+    kv_capacity_tokens_high: int = 0
+    unsure: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @property
+    def kv_capacity_range(self) -> tuple[int, int]:
+        """Token capacity, low and high end (equal when the planner is sure)."""
+        return self.kv_capacity_tokens, max(self.kv_capacity_tokens_high, self.kv_capacity_tokens)
 
     @property
     def vllm_kv_cache_dtype(self) -> str:
@@ -187,6 +195,12 @@ class CapacityPlan:
             "max_sequences": self.max_sequences,
             "fits": self.fits,
             "startup_ok": self.startup_ok,
+            "kv_capacity_tokens_range": list(self.kv_capacity_range),
+            "unsure": list(self.unsure),
+            "vllm_accounting": None if self.accounting is None else self.accounting.accounting.key,
+            "vllm_version": None if self.accounting is None else self.accounting.version,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
             "breakdown": self.breakdown(),
             "notes": list(self.notes),
         }
@@ -278,6 +292,39 @@ def _block_size(req: PlanRequest) -> int:
 # ---------------------------------------------------------------------------------------
 
 
+def _unsure_reasons(req: PlanRequest, choice: AccountingChoice) -> tuple[str, ...]:
+    """Why the planner cannot give one number (empty when published logs back it)."""
+    arch = req.model
+    out = []
+    if not choice.known:
+        out.append(f"vLLM {choice.version} is a release the planner has no accounting for")
+    elif not choice.accounting.calibrated:
+        out.append(
+            f"the {choice.accounting.key} accounting (vLLM {choice.accounting.versions}) is "
+            "not checked against published startup logs"
+        )
+    if arch.mla is not None:
+        out.append("no published log of an MLA model checks the activation estimate")
+    if req.nodes > 1:
+        out.append(f"the replica spans {req.nodes} nodes: NCCL's network buffers are unmeasured")
+    return tuple(out)
+
+
+def _batch_limits(req: PlanRequest) -> tuple[int, int]:
+    """max_num_batched_tokens and max_num_seqs: given, or vLLM's defaults for the GPU."""
+    if req.gpu is not None:
+        tokens, seqs = default_batch_limits(req.gpu.visible_bytes, req.gpu.name)
+    else:
+        tokens, seqs = DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+    tokens = req.max_num_batched_tokens if req.max_num_batched_tokens is not None else tokens
+    seqs = req.max_num_seqs if req.max_num_seqs is not None else seqs
+    if tokens < 1 or seqs < 1:
+        raise InvalidInput(
+            f"max_num_batched_tokens and max_num_seqs must be at least 1, got {tokens} and {seqs}"
+        )
+    return tokens, seqs
+
+
 def plan_capacity(req: PlanRequest) -> CapacityPlan:
     """vLLM's KV allocation for one replica, and what it holds at the requested context."""
     arch = req.model
@@ -291,51 +338,69 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
             "without a GPU (a CPU engine) the KV size must be given: --kv-memory-bytes "
             "(VLLM_CPU_KVCACHE_SPACE in bytes)"
         )
+    choice = accounting_for(req.vllm_version)
+    util = (
+        req.gpu_memory_utilization
+        if req.gpu_memory_utilization is not None
+        else choice.accounting.default_gpu_memory_utilization
+    )
+    batched, max_seqs = _batch_limits(req)
     served = served_dtype(arch, req.model_dtype)
     wdt = resolve_weight_dtype(arch, req.weights_dtype, req.model_dtype)
     kv = resolve_kv_dtype(req.kv_dtype, arch, req.model_dtype)
     groups = kv_groups(arch)
     page = page_bytes(arch, kv, bs, tp)
     total_mem = req.gpu.visible_bytes if req.gpu is not None else 0
-    non_torch = (
-        req.non_torch_bytes if req.non_torch_bytes is not None else estimate_non_torch_bytes(tp, pp)
-    )
-    graphs = (
-        req.cuda_graph_bytes
-        if req.cuda_graph_bytes is not None
-        else estimate_cuda_graph_bytes(req.enforce_eager or req.gpu is None)
-    )
+    unsure = _unsure_reasons(req, choice) if req.kv_cache_memory_bytes is None else ()
     stages = pp_partition(arch.num_layers, pp)
-    best: tuple[int, MemoryBudget, int, range] | None = None
-    for index, stage in enumerate(stages):
-        first, last = index == 0, index == pp - 1
-        weights = stage_weight_bytes(arch, stage, first, last, wdt, served, tp)
-        activation = (
-            req.activation_bytes
-            if req.activation_bytes is not None
-            else estimate_activation_bytes(
-                arch, served, tp, req.max_num_batched_tokens, req.max_num_seqs, last
-            )
-        )
-        budget = memory_budget(
-            total_mem,
-            weights,
-            activation,
-            non_torch,
-            graphs,
-            req.gpu_memory_utilization,
-            req.kv_cache_memory_bytes,
-        )
-        gsize = group_size_on_stage(groups, stage)
-        blocks = num_blocks(max(budget.kv_cache_bytes, 0), page, gsize)
-        if best is None or blocks < best[0]:
-            best = (blocks, budget, gsize, stage)
-    assert best is not None
-    blocks, memory, gsize, _ = best
 
-    per_request_max = blocks_per_request(groups, max_len, bs, req.max_num_batched_tokens)
-    per_request_ctx = blocks_per_request(groups, context, bs, req.max_num_batched_tokens)
-    per_sequence = blocks_per_request(groups, context, bs, req.max_num_batched_tokens, capped=True)
+    def smallest_stage(which: int) -> tuple[int, MemoryBudget, int]:
+        """The stage with the fewest blocks, under the point (1), optimistic (0) or
+        pessimistic (2) overheads; an override replaces the estimate at every end."""
+        best: tuple[int, MemoryBudget, int] | None = None
+        for index, stage in enumerate(stages):
+            first, last = index == 0, index == pp - 1
+            weights = (
+                req.weights_bytes_per_gpu
+                if req.weights_bytes_per_gpu is not None
+                else stage_weight_bytes(arch, stage, first, last, wdt, served, tp)
+            )
+            est = overheads(
+                choice,
+                arch,
+                served,
+                tp,
+                pp,
+                batched,
+                max_seqs,
+                last,
+                req.enforce_eager or req.gpu is None,
+                which,
+                bool(unsure),
+                req.nodes,
+            )
+            budget = memory_budget(
+                total_mem,
+                weights,
+                req.activation_bytes if req.activation_bytes is not None else est.activation,
+                req.non_torch_bytes if req.non_torch_bytes is not None else est.non_torch,
+                req.cuda_graph_bytes if req.cuda_graph_bytes is not None else est.cuda_graphs,
+                util,
+                req.kv_cache_memory_bytes,
+            )
+            gsize = group_size_on_stage(groups, stage)
+            blocks = num_blocks(max(budget.kv_cache_bytes, 0), page, gsize)
+            if best is None or blocks < best[0]:
+                best = (blocks, budget, gsize)
+        assert best is not None
+        return best
+
+    blocks, memory, gsize = smallest_stage(2 if unsure else 1)
+    high_blocks = smallest_stage(0)[0] if unsure else blocks
+
+    per_request_max = blocks_per_request(groups, max_len, bs, batched)
+    per_request_ctx = blocks_per_request(groups, context, bs, batched)
+    per_sequence = blocks_per_request(groups, context, bs, batched, capped=True)
     usable = max(blocks - 1, 0)
     max_sequences = usable // per_sequence
     params = param_count(arch)
@@ -353,10 +418,15 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
             f"vLLM refuses to start: one {max_len:,}-token request needs more KV cache than "
             "is available; lower --max-model-len"
         )
-    if max_sequences > req.max_num_seqs:
+    if max_sequences > max_seqs:
         notes.append(
             f"memory holds {max_sequences} sequences but vLLM schedules at most "
-            f"max_num_seqs={req.max_num_seqs} at once"
+            f"max_num_seqs={max_seqs} at once"
+        )
+    if unsure:
+        notes.append(
+            "unsure (" + "; ".join(unsure) + "): the plan is the low end of a range whose "
+            f"high end is {high_blocks // len(groups) * bs:,} tokens"
         )
     return CapacityPlan(
         request=req,
@@ -385,10 +455,15 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
         max_concurrency=blocks / per_request_ctx,
         max_concurrency_at_max_len=blocks / per_request_max,
         blocks_per_sequence=per_sequence,
-        kv_bytes_per_sequence=sequence_bytes(arch, kv, context, bs, req.max_num_batched_tokens),
+        kv_bytes_per_sequence=sequence_bytes(arch, kv, context, bs, batched),
         max_sequences=max_sequences,
         fits=memory.fits and req.batch <= max_sequences,
         startup_ok=startup_ok,
+        max_num_batched_tokens=batched,
+        max_num_seqs=max_seqs,
+        accounting=choice,
+        kv_capacity_tokens_high=high_blocks // len(groups) * bs,
+        unsure=unsure,
         notes=tuple(notes),
     )
 
@@ -401,7 +476,7 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
 def sequences_at(plan: CapacityPlan, contexts: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """How many sequences of each context length fit at once in this plan's blocks."""
     per = blocks_per_request_array(
-        plan.groups, contexts, plan.block_size, plan.request.max_num_batched_tokens, capped=True
+        plan.groups, contexts, plan.block_size, plan.max_num_batched_tokens, capped=True
     )
     return np.asarray(plan.usable_blocks // per, dtype=np.int64)
 
@@ -409,7 +484,7 @@ def sequences_at(plan: CapacityPlan, contexts: npt.ArrayLike) -> npt.NDArray[np.
 def concurrency_at(plan: CapacityPlan, contexts: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """vLLM's max concurrency (num_blocks / blocks per request) at each context length."""
     per = blocks_per_request_array(
-        plan.groups, contexts, plan.block_size, plan.request.max_num_batched_tokens
+        plan.groups, contexts, plan.block_size, plan.max_num_batched_tokens
     )
     return np.asarray(plan.num_blocks / per, dtype=np.float64)
 
@@ -431,9 +506,7 @@ def oom_frontier(plan: CapacityPlan, batches: npt.ArrayLike) -> npt.NDArray[np.i
     # Blocks per sequence only change at block boundaries, so the answer is a multiple of
     # the block size (or the max model length itself).
     steps = np.minimum(np.arange(1, -(-plan.max_model_len // bs) + 1) * bs, plan.max_model_len)
-    per = blocks_per_request_array(
-        plan.groups, steps, bs, plan.request.max_num_batched_tokens, capped=True
-    )
+    per = blocks_per_request_array(plan.groups, steps, bs, plan.max_num_batched_tokens, capped=True)
     allowed = plan.usable_blocks // np.maximum(b, 1)
     index = np.searchsorted(per, allowed, side="right") - 1
     return np.where(index >= 0, steps[np.clip(index, 0, None)], 0).astype(np.int64)
@@ -444,7 +517,7 @@ def fits_map(plan: CapacityPlan, contexts: npt.ArrayLike, batches: npt.ArrayLike
     ctx = np.asarray(contexts, dtype=np.int64)
     b = np.asarray(batches, dtype=np.int64)
     per = blocks_per_request_array(
-        plan.groups, ctx, plan.block_size, plan.request.max_num_batched_tokens, capped=True
+        plan.groups, ctx, plan.block_size, plan.max_num_batched_tokens, capped=True
     )
     grid = (b[:, None] * per[None, :]) <= plan.usable_blocks
     grid &= (ctx <= plan.max_model_len)[None, :]

@@ -452,7 +452,7 @@ def _concurrency(plan: CapacityPlan, what: str) -> tuple[float, bool]:
             f"{what}: {plan.request.model.name} leaves no KV cache for a {plan.context:,}-token "
             "request on these GPUs"
         )
-    cap = plan.request.max_num_seqs
+    cap = plan.max_num_seqs
     capped = plan.max_concurrency > cap
     return min(plan.max_concurrency, cap) * plan.replicas, capped
 
@@ -516,7 +516,7 @@ def ladder(
             parts.append(f"{step.deferred_share:.0%} of the interactive traffic moved to batch")
         if capped:
             parts.append(
-                f"capped at max_num_seqs={new_plan.request.max_num_seqs} per replica: "
+                f"capped at max_num_seqs={new_plan.max_num_seqs} per replica: "
                 "the KV cache is no longer the limit"
             )
         out.append(

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import typer
 
 from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
 from planner.errors import InvalidInput
-from planner.gpus import CPU_DEVICE, GIB, get_gpu
-from planner.models import load_model
+from planner.gpus import CPU_DEVICE, GIB, GPUSpec, get_gpu
+from planner.measured import compare, measured_request, request_from_log
+from planner.models import ModelArch, load_model
+from probes.vllm.logparse import read_startup
 
 _UNITS = {
     "": 1,
@@ -45,6 +49,13 @@ def parse_bytes(text: str) -> int:
 
 def _gib(n: int | float) -> str:
     return f"{n / GIB:,.2f} GiB"
+
+
+def _capacity(plan: CapacityPlan) -> str:
+    low, high = plan.kv_capacity_range
+    if low == high:
+        return f"{low:,} tokens"
+    return f"{low:,} - {high:,} tokens (unsure: plan for {low:,})"
 
 
 def render_table(plan: CapacityPlan) -> str:
@@ -81,7 +92,9 @@ def render_table(plan: CapacityPlan) -> str:
             ),
         ),
         ("num blocks (per GPU)", f"{plan.num_blocks:,}"),
-        ("KV capacity", f"{plan.kv_capacity_tokens:,} tokens"),
+        ("KV capacity", _capacity(plan)),
+        ("batch limits", f"{plan.max_num_batched_tokens:,} tokens, {plan.max_num_seqs:,} seqs"),
+        ("accounting", plan.accounting.label if plan.accounting else "-"),
         ("max model length", f"{plan.max_model_len:,} tokens"),
         ("context", f"{plan.context:,} tokens"),
         (
@@ -132,8 +145,10 @@ def plan(
     dtype: str = typer.Option(
         "auto", "--dtype", help="Model dtype as vLLM's --dtype (auto serves fp32 in bf16)."
     ),
-    gpu_memory_utilization: float = typer.Option(
-        0.9, "--gpu-memory-utilization", help="Share of GPU memory vLLM may use."
+    gpu_memory_utilization: float | None = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        help="Share of GPU memory vLLM may use (default: the release's, 0.9 or 0.92).",
     ),
     kv_memory_bytes: str | None = typer.Option(
         None,
@@ -150,8 +165,24 @@ def plan(
         None, "--context", help="Tokens per sequence (default: max model length)."
     ),
     batch: int = typer.Option(1, "--batch", help="Concurrent sequences to test for fit."),
-    max_num_batched_tokens: int = typer.Option(
-        8192, "--max-num-batched-tokens", help="vLLM's prefill token budget per step."
+    max_num_batched_tokens: int | None = typer.Option(
+        None,
+        "--max-num-batched-tokens",
+        help="vLLM's token budget per step (default: vLLM's for the GPU, 8192 on H100).",
+    ),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", help="vLLM's max_num_seqs (default: vLLM's for the GPU)."
+    ),
+    vllm_version: str | None = typer.Option(
+        None,
+        "--vllm-version",
+        help="vLLM release whose memory accounting to use (default: the newest known).",
+    ),
+    from_log: str | None = typer.Option(
+        None,
+        "--from-log",
+        help="A vLLM startup log: plan its deployment, measured against predicted, and "
+        "re-plan the other options with the overheads it measured.",
     ),
     enforce_eager: bool = typer.Option(
         False, "--enforce-eager", help="No CUDA graphs (no graph memory reserved)."
@@ -161,6 +192,9 @@ def plan(
     """Plan KV cache capacity of a model on a GPU, as vLLM would allocate it."""
     arch = load_model(model)
     device = None if gpu.strip().lower() == CPU_DEVICE else get_gpu(gpu)
+    if from_log is not None:
+        _from_log(Path(from_log), arch, device, weights_dtype, context, kv_dtype, as_json)
+        return
     request = PlanRequest(
         model=arch,
         gpu=device,
@@ -177,10 +211,78 @@ def plan(
         context=context,
         batch=batch,
         max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
         enforce_eager=enforce_eager,
+        vllm_version=vllm_version,
     )
     result = plan_capacity(request)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render_table(result))
+
+
+def _from_log(
+    path: Path,
+    arch: ModelArch,
+    device: GPUSpec | None,
+    weights_dtype: str,
+    context: int | None,
+    kv_dtype: str,
+    as_json: bool,
+) -> None:
+    """Measured against predicted for the deployment a log describes, then a re-plan of
+    other contexts and KV dtypes with the overheads the log measured."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the log {path}: {exc.strerror or exc}") from exc
+    report = read_startup(text.splitlines())
+    if report.kv_tokens is None and report.kv_gib is None:
+        raise InvalidInput(
+            f"{path} holds no vLLM KV cache lines ('Available KV cache memory', 'GPU KV cache "
+            "size'): give a startup log that ran past the memory profiling"
+        )
+    request = request_from_log(report, arch, device, weights_dtype=weights_dtype)
+    predicted = plan_capacity(request)
+    lines = compare(report, predicted)
+    replans = []
+    if report.weights_gib is not None and report.kv_gib is not None:
+        from_measured = measured_request(report, request)
+        kinds = [kv_dtype] if kv_dtype != "auto" else ["auto", "fp8"]
+        for kind in kinds:
+            plan = plan_capacity(replace(from_measured, kv_dtype=kind, context=context))
+            replans.append(plan)
+    if as_json:
+        doc = {
+            "log": str(path),
+            "vllm_version": report.version,
+            "accounting": predicted.accounting.label if predicted.accounting else None,
+            "lines": [
+                {"name": ln.name, "measured_bytes": ln.measured, "predicted_bytes": ln.predicted}
+                for ln in lines
+            ],
+            "replans": [p.to_dict() for p in replans],
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    out = [
+        f"{path.name}: vLLM {report.version or '(version not printed)'}, tp "
+        f"{predicted.tp}, pp {predicted.pp}, utilization {predicted.memory.utilization:g}",
+        predicted.accounting.label if predicted.accounting else "",
+        "",
+        f"  {'':<28} {'measured':>12} {'predicted':>12} {'error':>8}",
+    ]
+    for ln in lines:
+        unit = _gib if ln.name != "KV tokens" else (lambda n: f"{n:,.0f}")
+        measured = unit(ln.measured) if ln.measured is not None else "-"
+        err = f"{ln.error:+.1%}" if ln.error is not None else ""
+        out.append(f"  {ln.name:<28} {measured:>12} {unit(ln.predicted):>12} {err:>8}")
+    if replans:
+        out += ["", "re-planned with the measured overheads:"]
+        for p in replans:
+            out.append(
+                f"  KV {p.vllm_kv_cache_dtype:<5} {p.kv_capacity_tokens:>12,} tokens; "
+                f"{p.max_sequences:,} sequences of {p.context:,} tokens"
+            )
+    typer.echo("\n".join(out))

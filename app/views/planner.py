@@ -46,6 +46,10 @@ KEY = "planner_"
 CURVE_KV = ("auto", "fp8", "int8", "int4")
 
 
+# Releases whose accounting the page offers; the first is the newest known.
+RELEASES = ("newest (0.20+)", "0.19", "0.17", "0.16", "0.11", "0.10")
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:,.2f} GiB"
 
@@ -194,6 +198,13 @@ def _request(arch: ModelArch) -> PlanRequest:
         key=KEY + "batch",
         help="Concurrent sequences to test.",
     )
+    release = st.selectbox(
+        "vLLM release (memory accounting)",
+        RELEASES,
+        key=KEY + "release",
+        help="Which release's accounting of activation, non-torch and CUDA graph memory. "
+        "Releases without published logs to check against give a range.",
+    )
     return PlanRequest(
         model=arch,
         gpu=gpu,
@@ -209,6 +220,7 @@ def _request(arch: ModelArch) -> PlanRequest:
         max_model_len=int(max_len),
         context=int(context),
         batch=int(batch),
+        vllm_version=None if release == RELEASES[0] else str(release),
     )
 
 
@@ -240,10 +252,14 @@ def _metrics(plan: CapacityPlan) -> None:
         "latent x bytes), whole model.",
     )
     row = st.columns(4)
+    low, high = plan.kv_capacity_range
     row[0].metric(
-        "KV capacity (tokens)",
-        f"{plan.kv_capacity_tokens:,}",
-        help="num_blocks // KV cache groups x block size: vLLM's 'GPU KV cache size'.",
+        "KV capacity (tokens)" if low == high else "KV capacity (tokens, low end)",
+        f"{low:,}",
+        delta=None if low == high else f"up to {high:,} (unsure)",
+        delta_color="off",
+        help="num_blocks // KV cache groups x block size: vLLM's 'GPU KV cache size'. "
+        "When the planner is unsure it plans the low end, which vLLM reaches.",
     )
     row[1].metric(
         "Blocks per GPU",
@@ -262,6 +278,11 @@ def _metrics(plan: CapacityPlan) -> None:
         delta_color="off",
         help="Blocks less vLLM's null block, divided by blocks per sequence.",
     )
+    if plan.accounting is not None:
+        st.caption(
+            f"Memory accounting: {plan.accounting.label}; batch limits "
+            f"{plan.max_num_batched_tokens:,} tokens / {plan.max_num_seqs:,} sequences."
+        )
     for note in plan.notes:
         st.warning(note)
 
@@ -308,7 +329,7 @@ def _attention(req: PlanRequest, plan: CapacityPlan) -> None:
             req.model_dtype,
             plan.tp,
             plan.max_model_len,
-            req.max_num_batched_tokens,
+            plan.max_num_batched_tokens,
         )
         labels.append(label)
         per_token.append(kv_bytes_per_token(variant, layout.kv_dtype))

@@ -63,9 +63,16 @@ def test_json_has_the_issue_keys_and_published_figures() -> None:
 
 
 def test_llama_31_8b() -> None:
-    data = run_json("-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192", "--batch", "54")
+    data = run_json(
+        "-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192", "--batch", "54",
+        "--vllm-version", "0.19.0",
+    )  # fmt: skip
     assert (data["params"], data["kv_bytes_per_token"]) == (8_030_261_248, 131_072)
-    assert data["fits"] is True
+    assert data["fits"] is True and data["vllm_accounting"] == "v0.17"
+    assert data["kv_capacity_tokens_range"] == [data["kv_capacity_tokens"]] * 2
+    newest = run_json("-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192")
+    low, high = newest["kv_capacity_tokens_range"]
+    assert newest["unsure"] and low == newest["kv_capacity_tokens"] < high
     assert (
         run_json("-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192", "--batch", "10000")[
             "fits"
@@ -220,3 +227,30 @@ def test_main_prints_one_line_and_exits_2(
 )
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_startup_logs"
+
+
+def test_from_log_compares_and_replans() -> None:
+    log = FIXTURE / "h100-0.19.0-qwen2.5-72b-tp2.log"
+    data = run_json("-m", "qwen2.5-72b", "-g", "h100-sxm", "--from-log", str(log))
+    lines = {ln["name"]: ln for ln in data["lines"]}
+    assert lines["KV tokens"]["measured_bytes"] == 19_920
+    assert abs(lines["KV tokens"]["predicted_bytes"] / 19_920 - 1) < 0.05
+    assert lines["weights"]["measured_bytes"] == round(67.8 * (1 << 30))
+    auto, fp8 = data["replans"]
+    # Re-planned from what the log measured: the same cache, and FP8 twice the tokens.
+    assert abs(auto["kv_capacity_tokens"] - 19_920) <= 16
+    assert fp8["kv_capacity_tokens"] >= 2 * auto["kv_capacity_tokens"] - 16
+
+
+def test_from_log_without_memory_lines_is_refused(tmp_path: Path) -> None:
+    log = tmp_path / "empty.log"
+    log.write_text("INFO: hello\n")
+    for path, message in ((log, "no vLLM KV cache lines"), (tmp_path / "no", "cannot read")):
+        result = runner.invoke(
+            make_app(), ["plan", "-m", "qwen2.5-7b", "-g", "h100-sxm", "--from-log", str(path)]
+        )
+        assert isinstance(result.exception, InvalidInput)
+        assert message in str(result.exception)

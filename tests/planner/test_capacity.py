@@ -21,8 +21,9 @@ from planner.capacity import (
 from planner.errors import InvalidInput
 from planner.gpus import GIB, custom_gpu, get_gpu
 from planner.kv import kv_groups, page_bytes
-from planner.memory import estimate_activation_bytes, memory_budget
+from planner.memory import memory_budget
 from planner.models import from_config_dict, load_preset, param_count
+from planner.overheads import forward_activation_bytes
 
 JSON_KEYS = {
     "kv_bytes_per_token",
@@ -70,10 +71,31 @@ def test_blocks_are_the_budget_floor_divided(model: str, gpu: str, gpus: int) ->
 def test_budget_is_utilization_minus_weights_and_overheads() -> None:
     plan = plan_capacity(request())
     m = plan.memory
-    assert m.total_bytes == 81559 << 20
-    assert m.budget_bytes == int(m.total_bytes * 0.9)
+    assert m.total_bytes == round(79.19 * GIB)
+    assert m.budget_bytes == int(m.total_bytes * 0.92)  # the newest releases' default
     assert m.kv_cache_bytes == m.budget_bytes - m.weights_bytes - m.overhead_bytes
     assert m.weights_bytes == 2 * param_count(load_preset("llama-3.1-8b")).total
+    old = plan_capacity(request(vllm_version="0.19.0")).memory
+    assert old.budget_bytes == int(m.total_bytes * 0.9) and old.cuda_graph_bytes == 0
+    # H100's defaults: 8,192 batched tokens, 1,024 sequences (an A100: 2,048 and 256).
+    assert (plan.max_num_batched_tokens, plan.max_num_seqs) == (8192, 1024)
+    a100 = plan_capacity(request(gpu="a100-80gb"))
+    assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
+
+
+def test_unsure_plans_are_the_low_end_of_a_range() -> None:
+    newest = plan_capacity(request())  # 0.20+: graphs in the budget, no log checks it
+    low, high = newest.kv_capacity_range
+    assert newest.unsure and low < high and low == newest.kv_capacity_tokens
+    assert any("unsure" in n for n in newest.notes)
+    known = plan_capacity(request(vllm_version="0.19.0"))
+    assert not known.unsure and known.kv_capacity_range[0] == known.kv_capacity_range[1]
+    assert low < known.kv_capacity_tokens  # the safe side: graphs counted, margins
+    unknown = plan_capacity(request(vllm_version="0.4.2"))
+    assert unknown.unsure and "no accounting" in unknown.unsure[0]
+    assert unknown.kv_capacity_range[0] < known.kv_capacity_tokens < unknown.kv_capacity_range[1]
+    with pytest.raises(InvalidInput, match="vLLM version"):
+        plan_capacity(request(vllm_version="latest"))
 
 
 def test_overrides_replace_estimates() -> None:
@@ -276,8 +298,8 @@ def test_smallest_deployment_reports_impossible_targets() -> None:
 
 def test_activation_estimate_grows_with_chunk() -> None:
     arch = load_preset("llama-3.1-8b")
-    small = estimate_activation_bytes(arch, "bfloat16", max_num_batched_tokens=2048)
-    large = estimate_activation_bytes(arch, "bfloat16", max_num_batched_tokens=8192)
+    small = forward_activation_bytes(arch, "bfloat16", 1, max_num_batched_tokens=2048)
+    large = forward_activation_bytes(arch, "bfloat16", 1, max_num_batched_tokens=8192)
     assert 0 < small < large < 2 * GIB
 
 

@@ -180,7 +180,7 @@ def base_request() -> PlanRequest:
 
 def concurrency(req: PlanRequest, context: int) -> float:
     plan = plan_capacity(replace(req, context=context))
-    return min(plan.max_concurrency, req.max_num_seqs) * plan.replicas
+    return min(plan.max_concurrency, plan.max_num_seqs) * plan.replicas
 
 
 def test_each_step_frees_capacity_in_the_right_direction() -> None:
@@ -235,7 +235,7 @@ def test_ladder_concurrency_is_the_kv_planners() -> None:
 
 
 def test_smaller_model_on_the_same_gpus_gets_more_replicas() -> None:
-    req = base_request()
+    req = replace(base_request(), max_num_seqs=256)
     (step,) = ladder(
         req,
         [smaller_model(load_preset("llama-3.1-8b"), tp=1)],
@@ -245,7 +245,7 @@ def test_smaller_model_on_the_same_gpus_gets_more_replicas() -> None:
     small = plan_capacity(replace(req, model=load_preset("llama-3.1-8b"), tp=1, context=1000))
     assert small.replicas == 4
     # Short requests: the 8B replicas hold more than max_num_seqs, so the cap binds.
-    assert step.concurrency_after == pytest.approx(4 * req.max_num_seqs)
+    assert step.concurrency_after == pytest.approx(4 * small.max_num_seqs)
     assert "max_num_seqs" in step.how
 
 
