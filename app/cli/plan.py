@@ -259,7 +259,13 @@ def _from_log(
             "vllm_version": report.version,
             "accounting": predicted.accounting.label if predicted.accounting else None,
             "lines": [
-                {"name": ln.name, "measured_bytes": ln.measured, "predicted_bytes": ln.predicted}
+                {
+                    "name": ln.name,
+                    "unit": "tokens" if ln.name == "KV tokens" else "bytes",
+                    "measured": ln.measured,
+                    "predicted": ln.predicted,
+                    "error": ln.error,
+                }
                 for ln in lines
             ],
             "replans": [p.to_dict() for p in replans],

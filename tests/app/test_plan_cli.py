@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -70,7 +71,7 @@ def test_llama_31_8b() -> None:
     assert (data["params"], data["kv_bytes_per_token"]) == (8_030_261_248, 131_072)
     assert data["fits"] is True and data["vllm_accounting"] == "v0.17"
     assert data["kv_capacity_tokens_range"] == [data["kv_capacity_tokens"]] * 2
-    newest = run_json("-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192")
+    newest: Any = run_json("-m", "llama-3.1-8b", "-g", "h100-sxm", "--context", "8192")
     low, high = newest["kv_capacity_tokens_range"]
     assert newest["unsure"] and low == newest["kv_capacity_tokens"] < high
     assert (
@@ -234,11 +235,12 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_startup_logs"
 
 def test_from_log_compares_and_replans() -> None:
     log = FIXTURE / "h100-0.19.0-qwen2.5-72b-tp2.log"
-    data = run_json("-m", "qwen2.5-72b", "-g", "h100-sxm", "--from-log", str(log))
+    data: Any = run_json("-m", "qwen2.5-72b", "-g", "h100-sxm", "--from-log", str(log))
     lines = {ln["name"]: ln for ln in data["lines"]}
-    assert lines["KV tokens"]["measured_bytes"] == 19_920
-    assert abs(lines["KV tokens"]["predicted_bytes"] / 19_920 - 1) < 0.05
-    assert lines["weights"]["measured_bytes"] == round(67.8 * (1 << 30))
+    assert lines["KV tokens"]["measured"] == 19_920 and lines["KV tokens"]["unit"] == "tokens"
+    assert abs(lines["KV tokens"]["error"]) < 0.05
+    assert lines["weights"]["measured"] == round(67.8 * (1 << 30))
+    assert data["vllm_version"] == "0.19.0" and "v0.17" in data["accounting"]
     auto, fp8 = data["replans"]
     # Re-planned from what the log measured: the same cache, and FP8 twice the tokens.
     assert abs(auto["kv_capacity_tokens"] - 19_920) <= 16
