@@ -54,6 +54,7 @@ test: install engine-env lint typecheck
 bench: install engine-env
 	$(BIN)/python -m benchmarks.storage
 	$(BIN)/python -m benchmarks.planner
+	$(BIN)/python -m benchmarks.ground_truth
 	$(BIN)/python -m benchmarks.engine
 	$(BIN)/python -m benchmarks.loadgen
 	$(BIN)/python -m benchmarks.alerts

@@ -54,6 +54,8 @@ class StartupFacts(Protocol):
     def kv_gib(self) -> float | None: ...
     @property
     def kv_tokens(self) -> int | None: ...
+    @property
+    def device(self) -> str | None: ...
 
 
 def _gib(value: float | None) -> int | None:
@@ -71,10 +73,14 @@ def request_from_log(
 ) -> PlanRequest:
     """The plan request of the deployment a log describes. The log's own total memory
     (printed by newer releases) wins over the catalog's figure for the GPU."""
-    if facts.total_gib:
+    explicit = None
+    if facts.device == "CPU":
+        # A CPU engine: VLLM_CPU_KVCACHE_SPACE is the budget, no device to take it from.
+        gpu, explicit = None, _gib(facts.kv_gib)
+    elif facts.total_gib:
         printed = round(facts.total_gib * GIB)
         gpu = custom_gpu(facts.total_gib) if gpu is None else replace(gpu, visible_bytes=printed)
-    if gpu is None:
+    if gpu is None and explicit is None:
         raise InvalidInput(
             "the log does not print the GPU's total memory; name the GPU (--gpu h100-sxm, "
             "custom:<GiB>)"
@@ -92,6 +98,7 @@ def request_from_log(
         model_dtype=facts.dtype or "auto",
         kv_dtype="fp8" if kv.startswith("fp8") else kv,
         gpu_memory_utilization=facts.gpu_memory_utilization or gpu_memory_utilization,
+        kv_cache_memory_bytes=explicit,
         max_model_len=facts.max_model_len or max_model_len,
         block_size=facts.block_size,
         max_num_batched_tokens=facts.max_num_batched_tokens,
@@ -184,3 +191,46 @@ def _limits(req: PlanRequest, base: CapacityPlan) -> tuple[int, int]:
         req.max_num_batched_tokens or base.max_num_batched_tokens,
         req.max_num_seqs or base.max_num_seqs,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LogStudy:
+    """A startup log against the planner: its deployment, the prediction, measured against
+    predicted, and re-plans of the same deployment from the measured overheads."""
+
+    request: PlanRequest
+    predicted: CapacityPlan
+    lines: list[Line]
+    replans: list[CapacityPlan]
+
+
+def study_log(
+    facts: StartupFacts,
+    model: ModelArch,
+    gpu: GPUSpec | None,
+    weights_dtype: str = "auto",
+    kv_dtypes: tuple[str, ...] = ("auto", "fp8"),
+    context: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+) -> LogStudy:
+    """Everything `kvscope plan --from-log` and the Planner page show for one log."""
+    if facts.kv_tokens is None and facts.kv_gib is None:
+        raise InvalidInput(
+            "the log holds no vLLM KV cache lines ('Available KV cache memory', 'GPU KV "
+            "cache size'): give a startup log that ran past the memory profiling"
+        )
+    request = request_from_log(facts, model, gpu, weights_dtype=weights_dtype)
+    predicted = plan_capacity(request)
+    replans: list[CapacityPlan] = []
+    if facts.weights_gib is not None and facts.kv_gib is not None and request.gpu is not None:
+        changed = replace(
+            request,
+            max_num_batched_tokens=max_num_batched_tokens or request.max_num_batched_tokens,
+            max_num_seqs=max_num_seqs or request.max_num_seqs,
+        )
+        measured = measured_request(facts, changed)
+        replans = [
+            plan_capacity(replace(measured, kv_dtype=kind, context=context)) for kind in kv_dtypes
+        ]
+    return LogStudy(request, predicted, compare(facts, predicted), replans)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -16,7 +15,7 @@ import typer
 from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
 from planner.errors import InvalidInput
 from planner.gpus import CPU_DEVICE, GIB, GPUSpec, get_gpu
-from planner.measured import compare, measured_request, request_from_log
+from planner.measured import study_log
 from planner.models import ModelArch, load_model
 from probes.vllm.logparse import read_startup
 
@@ -193,7 +192,8 @@ def plan(
     arch = load_model(model)
     device = None if gpu.strip().lower() == CPU_DEVICE else get_gpu(gpu)
     if from_log is not None:
-        _from_log(Path(from_log), arch, device, weights_dtype, context, kv_dtype, as_json)
+        limits = (max_num_batched_tokens, max_num_seqs)
+        _from_log(Path(from_log), arch, device, weights_dtype, context, kv_dtype, limits, as_json)
         return
     request = PlanRequest(
         model=arch,
@@ -229,35 +229,33 @@ def _from_log(
     weights_dtype: str,
     context: int | None,
     kv_dtype: str,
+    limits: tuple[int | None, int | None],
     as_json: bool,
 ) -> None:
     """Measured against predicted for the deployment a log describes, then a re-plan of
-    other contexts and KV dtypes with the overheads the log measured."""
+    other contexts, KV dtypes and batch limits with the overheads the log measured."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise InvalidInput(f"cannot read the log {path}: {exc.strerror or exc}") from exc
     report = read_startup(text.splitlines())
-    if report.kv_tokens is None and report.kv_gib is None:
-        raise InvalidInput(
-            f"{path} holds no vLLM KV cache lines ('Available KV cache memory', 'GPU KV cache "
-            "size'): give a startup log that ran past the memory profiling"
-        )
-    request = request_from_log(report, arch, device, weights_dtype=weights_dtype)
-    predicted = plan_capacity(request)
-    lines = compare(report, predicted)
-    replans = []
-    if report.weights_gib is not None and report.kv_gib is not None:
-        from_measured = measured_request(report, request)
-        kinds = [kv_dtype] if kv_dtype != "auto" else ["auto", "fp8"]
-        for kind in kinds:
-            plan = plan_capacity(replace(from_measured, kv_dtype=kind, context=context))
-            replans.append(plan)
+    study = study_log(
+        report,
+        arch,
+        device,
+        weights_dtype=weights_dtype,
+        kv_dtypes=(kv_dtype,) if kv_dtype != "auto" else ("auto", "fp8"),
+        context=context,
+        max_num_batched_tokens=limits[0],
+        max_num_seqs=limits[1],
+    )
+    predicted = study.predicted
+    label = predicted.accounting.label if predicted.accounting else None
     if as_json:
         doc = {
             "log": str(path),
             "vllm_version": report.version,
-            "accounting": predicted.accounting.label if predicted.accounting else None,
+            "accounting": label,
             "lines": [
                 {
                     "name": ln.name,
@@ -266,29 +264,30 @@ def _from_log(
                     "predicted": ln.predicted,
                     "error": ln.error,
                 }
-                for ln in lines
+                for ln in study.lines
             ],
-            "replans": [p.to_dict() for p in replans],
+            "replans": [p.to_dict() for p in study.replans],
         }
         typer.echo(json.dumps(doc, indent=2))
         return
     out = [
         f"{path.name}: vLLM {report.version or '(version not printed)'}, tp "
         f"{predicted.tp}, pp {predicted.pp}, utilization {predicted.memory.utilization:g}",
-        predicted.accounting.label if predicted.accounting else "",
+        label or "",
         "",
         f"  {'':<28} {'measured':>12} {'predicted':>12} {'error':>8}",
     ]
-    for ln in lines:
+    for ln in study.lines:
         unit = _gib if ln.name != "KV tokens" else (lambda n: f"{n:,.0f}")
         measured = unit(ln.measured) if ln.measured is not None else "-"
         err = f"{ln.error:+.1%}" if ln.error is not None else ""
         out.append(f"  {ln.name:<28} {measured:>12} {unit(ln.predicted):>12} {err:>8}")
-    if replans:
+    if study.replans:
         out += ["", "re-planned with the measured overheads:"]
-        for p in replans:
+        for p in study.replans:
             out.append(
                 f"  KV {p.vllm_kv_cache_dtype:<5} {p.kv_capacity_tokens:>12,} tokens; "
-                f"{p.max_sequences:,} sequences of {p.context:,} tokens"
+                f"{p.max_sequences:,} sequences of {p.context:,} tokens (batch limits "
+                f"{p.max_num_batched_tokens:,} tokens, {p.max_num_seqs:,} sequences)"
             )
     typer.echo("\n".join(out))

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from app import common
 from app.charts import planner as charts
 from planner.capacity import (
     BLOCK_SIZES,
@@ -30,6 +31,7 @@ from planner.errors import KvscopeError
 from planner.fragmentation import LengthDistribution, fragmentation, output_lengths
 from planner.gpus import GIB, GPUSpec, catalog, custom_gpu, get_gpu
 from planner.kv import default_block_size, kv_bytes_per_token, kv_dtype_choices, vllm_kv_cache
+from planner.measured import LogStudy, study_log
 from planner.models import (
     WEIGHT_DTYPES,
     ModelArch,
@@ -38,6 +40,7 @@ from planner.models import (
     parse_config_json,
     preset_names,
 )
+from probes.vllm.logparse import read_startup
 
 UPLOAD = "Upload a config.json…"
 CUSTOM = "Custom (memory in GiB)"
@@ -528,3 +531,98 @@ def render() -> None:
     _side_by_side(req)
     st.subheader("What to buy")
     _what_to_buy(req, plan)
+    st.subheader("From a startup log")
+    _from_log(req)
+
+
+def _engine_logs() -> dict[str, str]:
+    """Managed engines' log files on this machine, by engine name."""
+    root = common.settings().data_dir / "engines"
+    if not root.is_dir():
+        return {}
+    return {p.parent.name: str(p) for p in sorted(root.glob("*/engine.log"))}
+
+
+def _log_lines(key: str) -> list[str] | None:
+    engines = _engine_logs()
+    sources = ["Upload a vLLM startup log", *(f"Managed engine {n}" for n in engines)]
+    source = st.radio("Log", sources, horizontal=True, key=key + "src")
+    if source == sources[0]:
+        uploaded = st.file_uploader("vLLM startup log", key=key + "upload")
+        if uploaded is None:
+            st.info(
+                "Upload a vLLM startup log (the output of `vllm serve` up to 'Application "
+                "startup complete'): the planner takes its flags and GPU total, predicts its "
+                "memory and sets each line beside what vLLM measured."
+            )
+            return None
+        return uploaded.getvalue().decode("utf-8", errors="replace").splitlines()
+    path = engines[source.removeprefix("Managed engine ")]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read().splitlines()
+
+
+def _study_tables(study: LogStudy) -> None:
+    st.caption(
+        (study.predicted.accounting.label if study.predicted.accounting else "")
+        + f"; tp {study.predicted.tp}, pp {study.predicted.pp}, utilization "
+        f"{study.predicted.memory.utilization:g}."
+    )
+    rows = []
+    for ln in study.lines:
+        scale = 1 if ln.name == "KV tokens" else GIB
+        unit = "tokens" if ln.name == "KV tokens" else "GiB"
+        rows.append(
+            {
+                "": ln.name,
+                "measured": None if ln.measured is None else round(ln.measured / scale, 2),
+                "predicted": round(ln.predicted / scale, 2),
+                "unit": unit,
+                "error": None if ln.error is None else f"{ln.error:+.1%}",
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key=KEY + "log_lines")
+    if study.replans:
+        st.caption("Re-planned with the overheads the log measured:")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "KV dtype": p.vllm_kv_cache_dtype,
+                        "context": p.context,
+                        "KV tokens": p.kv_capacity_tokens,
+                        "sequences that fit": p.max_sequences,
+                        "max_num_seqs": p.max_num_seqs,
+                    }
+                    for p in study.replans
+                ]
+            ),
+            hide_index=True,
+            key=KEY + "log_replans",
+        )
+
+
+def _from_log(req: PlanRequest) -> None:
+    """A real start against the plan: the model and GPU chosen above, the flags and memory
+    the log prints; re-plans at this page's context and KV dtype."""
+    lines = _log_lines(KEY + "log_")
+    if lines is None:
+        return
+    report = read_startup(lines)
+    if not report.found:
+        st.warning("No vLLM memory lines in this log: it did not reach the memory profiling.")
+        return
+    kinds = (req.kv_dtype,) if req.kv_dtype != "auto" else ("auto", "fp8")
+    try:
+        study = study_log(
+            report,
+            req.model,
+            req.gpu,
+            weights_dtype=req.weights_dtype,
+            kv_dtypes=kinds,
+            context=req.context,
+        )
+    except KvscopeError as exc:
+        st.error(str(exc))
+        return
+    _study_tables(study)

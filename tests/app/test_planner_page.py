@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.charts import planner as charts
+from storage.settings import Settings
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def _page() -> None:
@@ -88,6 +92,36 @@ def test_custom_gpu_and_upload_choices() -> None:
     at.run()
     assert not at.exception and not at.error
     assert any("Upload" in i.value for i in at.info)
+
+
+def test_a_managed_engines_startup_log_against_the_plan(settings: Settings) -> None:
+    log = FIXTURES / "vllm_startup_logs" / "h100-0.19.0-qwen2.5-72b-tp2.log"
+    run_dir = settings.data_dir / "engines" / "big"
+    run_dir.mkdir(parents=True)
+    (run_dir / "engine.log").write_text(log.read_text())
+    choices = {"context_qwen2.5-72b": 4096}
+    at = _run(model="qwen2.5-72b", gpu="NVIDIA H100 SXM 80GB", num_gpus=2, **choices)
+    assert not at.exception and not at.error
+    at.radio(key="planner_log_src").set_value("Managed engine big")
+    at.run()
+    assert not at.exception and not at.error
+    frames = [d.value for d in at.dataframe]
+    (lines,) = [f for f in frames if "measured" in f.columns]
+    kv = lines[lines[""] == "KV tokens"].iloc[0]
+    assert kv["measured"] == 19_920 and abs(kv["predicted"] / 19_920 - 1) < 0.05
+    (replans,) = [f for f in frames if "KV dtype" in f.columns]
+    assert list(replans["KV dtype"]) == ["auto", "fp8"] and list(replans["context"]) == [4096] * 2
+    assert any("accounting v0.17" in c.value for c in at.caption)
+
+
+def test_the_release_picks_the_accounting() -> None:
+    at = _run(gpu="NVIDIA H100 SXM 80GB")
+    assert any("up to" in str(m.proto.delta) for m in at.metric)  # the newest: a range
+    at.selectbox(key="planner_release").set_value("0.19")
+    at.run()
+    assert not at.exception and not at.error
+    assert metric(at, "KV capacity (tokens)")  # one number: no "low end" label
+    assert any("accounting v0.17" in c.value for c in at.caption)
 
 
 # --- chart builders ---------------------------------------------------------------------
