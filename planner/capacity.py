@@ -294,7 +294,6 @@ def _block_size(req: PlanRequest) -> int:
 
 def _unsure_reasons(req: PlanRequest, choice: AccountingChoice) -> tuple[str, ...]:
     """Why the planner cannot give one number (empty when published logs back it)."""
-    arch = req.model
     out = []
     if not choice.known:
         out.append(f"vLLM {choice.version} is a release the planner has no accounting for")
@@ -303,8 +302,6 @@ def _unsure_reasons(req: PlanRequest, choice: AccountingChoice) -> tuple[str, ..
             f"the {choice.accounting.key} accounting (vLLM {choice.accounting.versions}) is "
             "not checked against published startup logs"
         )
-    if arch.mla is not None:
-        out.append("no published log of an MLA model checks the activation estimate")
     if req.nodes > 1:
         out.append(f"the replica spans {req.nodes} nodes: NCCL's network buffers are unmeasured")
     return tuple(out)
@@ -354,17 +351,20 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
     unsure = _unsure_reasons(req, choice) if req.kv_cache_memory_bytes is None else ()
     stages = pp_partition(arch.num_layers, pp)
 
+    stage_weights = [
+        req.weights_bytes_per_gpu
+        if req.weights_bytes_per_gpu is not None
+        else stage_weight_bytes(arch, stage, i == 0, i == pp - 1, wdt, served, tp)
+        for i, stage in enumerate(stages)
+    ]
+
     def smallest_stage(which: int) -> tuple[int, MemoryBudget, int]:
         """The stage with the fewest blocks, under the point (1), optimistic (0) or
         pessimistic (2) overheads; an override replaces the estimate at every end."""
         best: tuple[int, MemoryBudget, int] | None = None
         for index, stage in enumerate(stages):
-            first, last = index == 0, index == pp - 1
-            weights = (
-                req.weights_bytes_per_gpu
-                if req.weights_bytes_per_gpu is not None
-                else stage_weight_bytes(arch, stage, first, last, wdt, served, tp)
-            )
+            last = index == pp - 1
+            weights = stage_weights[index]
             est = overheads(
                 choice,
                 arch,

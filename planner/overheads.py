@@ -246,6 +246,22 @@ def forward_activation_bytes(
     return max_num_batched_tokens * (4 * h + qkv + ffn) * elem
 
 
+def moe_workspace_bytes(
+    arch: ModelArch, served_dtype: str, tp: int, max_num_batched_tokens: int
+) -> int:
+    """The fused-MoE kernel's intermediate caches for a full batch (gate-up output, the
+    activated half, the down output, per routed expert), which stay allocated after the
+    forward pass and so sit under the sampler warm-up's peak (vllm/v1/worker/gpu_worker.py
+    0.32.0 on the MoE workspace; Qwen3-30B-A3B peaked 0.42 GiB above its sampler warm-up
+    in 0.19.0, LLMD_0_19)."""
+    if arch.moe is None:
+        return 0
+    elem = 4 if served_dtype == "float32" else 2
+    inter = arch.moe.expert_intermediate_size // tp
+    per_token = arch.moe.experts_per_token * (3 * inter + arch.hidden_size)
+    return max_num_batched_tokens * per_token * elem
+
+
 def sampler_warmup_bytes(acc: Accounting, arch: ModelArch, max_num_seqs: int) -> int:
     """The sampler warm-up: max_num_seqs requests' float32 logits over the vocabulary and
     the copies top-k/top-p sampling makes (not split by TP: logits are gathered)."""
@@ -268,12 +284,16 @@ def activation_bytes(
     with_sampler: bool = True,
 ) -> int:
     """Peak of the profiling run: the larger of the forward pass and the sampler warm-up
-    (the sampler runs on the last pipeline stage only)."""
+    with what the forward pass leaves allocated (the sampler runs on the last pipeline
+    stage only)."""
     forward = forward_activation_bytes(arch, served_dtype, tp, max_num_batched_tokens)
     vision = VISION_PROFILE if arch.vision_params else 0
     if not with_sampler:
         return forward + vision
-    return max(forward, sampler_warmup_bytes(acc, arch, max_num_seqs)) + vision
+    sampler = sampler_warmup_bytes(acc, arch, max_num_seqs) + moe_workspace_bytes(
+        arch, served_dtype, tp, max_num_batched_tokens
+    )
+    return max(forward, sampler) + vision
 
 
 def non_torch_bytes(acc: Accounting, tp: int = 1, pp: int = 1) -> int:

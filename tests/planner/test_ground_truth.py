@@ -24,6 +24,8 @@ def test_the_fixture_covers_what_the_issue_asks() -> None:
     assert any(r.plan.kv_dtype == "fp8" for r in ALL)
     assert any(r.plan.request.model.moe is not None for r in ALL)
     assert any(len(r.plan.groups) > 1 for r in ALL)  # sliding-window hybrids
+    assert any(r.plan.request.model.mla is not None for r in SURE)
+    assert any(r.plan.request.model.attention_kind.name == "MHA" for r in SURE)
     assert all(r.entry["source"].startswith("https://") for r in ALL)
 
 
@@ -31,8 +33,8 @@ def test_the_fixture_covers_what_the_issue_asks() -> None:
 def test_each_log_parses_to_a_plan(entry: dict[str, object]) -> None:
     row = evaluate(entry)
     report = row.report
-    assert report.kv_tokens and report.kv_gib and report.weights_gib and report.version
-    assert report.gpu_memory_utilization or entry.get("gpu_memory_utilization")
+    assert report.kv_tokens and report.kv_gib and report.version
+    assert report.gpu_memory_utilization and report.max_model_len
 
 
 @pytest.mark.parametrize("row", SURE, ids=lambda r: r.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +58,14 @@ def entries() -> list[dict[str, Any]]:
 def evaluate(entry: dict[str, Any]) -> Row:
     """Parse one log and plan its deployment."""
     report = read_startup((FIXTURE / entry["file"]).read_text(encoding="utf-8").splitlines())
+    unprinted = entry.get("unprinted", {})
+    assert all(getattr(report, k) is None for k in unprinted), f"{entry['file']} prints it"
+    report = replace(report, **unprinted)
     request = request_from_log(
         report,
         load_preset(entry["model"]),
         get_gpu(entry["gpu"]),
         weights_dtype=entry.get("weights_dtype", "auto"),
-        gpu_memory_utilization=entry.get("gpu_memory_utilization"),
-        max_model_len=entry.get("max_model_len"),
         nodes=entry.get("nodes", 1),
     )
     return Row(entry, report, plan_capacity(request))
