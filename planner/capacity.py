@@ -292,7 +292,9 @@ def _block_size(req: PlanRequest) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def _unsure_reasons(req: PlanRequest, choice: AccountingChoice) -> tuple[str, ...]:
+def _unsure_reasons(
+    req: PlanRequest, choice: AccountingChoice, tp: int, pp: int
+) -> tuple[str, ...]:
     """Why the planner cannot give one number (empty when published logs back it)."""
     out = []
     if not choice.known:
@@ -301,6 +303,11 @@ def _unsure_reasons(req: PlanRequest, choice: AccountingChoice) -> tuple[str, ..
         out.append(
             f"the {choice.accounting.key} accounting (vLLM {choice.accounting.versions}) is "
             "not checked against published startup logs"
+        )
+    elif tp * pp > 1 and not choice.accounting.calibrated_multi_gpu:
+        out.append(
+            f"no published log of vLLM {choice.accounting.versions} checks its memory with "
+            "tensor or pipeline parallelism"
         )
     if req.nodes > 1:
         out.append(f"the replica spans {req.nodes} nodes: NCCL's network buffers are unmeasured")
@@ -348,7 +355,7 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
     groups = kv_groups(arch)
     page = page_bytes(arch, kv, bs, tp)
     total_mem = req.gpu.visible_bytes if req.gpu is not None else 0
-    unsure = _unsure_reasons(req, choice) if req.kv_cache_memory_bytes is None else ()
+    unsure = _unsure_reasons(req, choice, tp, pp) if req.kv_cache_memory_bytes is None else ()
     stages = pp_partition(arch.num_layers, pp)
 
     stage_weights = [

@@ -53,6 +53,7 @@ class Accounting:
     graphs_in_budget: bool
     graph_estimate: tuple[int, int, int]  # low, point, high per GPU
     calibrated: bool  # ground truth (published logs) checked in tests
+    calibrated_multi_gpu: bool  # ... including starts with TP >= 2
     sources: tuple[str, ...]
 
     def covers(self, version: tuple[int, ...]) -> bool:
@@ -86,6 +87,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graphs_in_budget=False,
         graph_estimate=(round(0.4 * GIB), round(0.6 * GIB), round(2.0 * GIB)),
         calibrated=True,
+        calibrated_multi_gpu=True,
         sources=(
             f"{DENNISLEE_0_10}: six 0.10.1.1 logs on A100 (Qwen2-7B TP1/TP2 at utilization 0.25 "
             "and 0.5, gpt-oss-120b TP4): weights + overheads = requested - available KV, "
@@ -108,6 +110,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graphs_in_budget=False,
         graph_estimate=(round(0.4 * GIB), round(0.85 * GIB), round(1.9 * GIB)),
         calibrated=True,
+        calibrated_multi_gpu=False,
         sources=(
             "vllm/v1/sample (before 0.17.0, PR #33538): the sampler warm-up's top-k/top-p "
             "sorts the float32 logits (values, int64 indices, probabilities): 9.5 copies of "
@@ -133,6 +136,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graphs_in_budget=False,
         graph_estimate=(round(0.5 * GIB), round(0.85 * GIB), round(1.9 * GIB)),
         calibrated=True,
+        calibrated_multi_gpu=True,
         sources=(
             f"{LLMD_0_19}: 'torch peak memory increase' 1.89 GiB (Llama-3.1-8B, vocab "
             "128,256), 2.21 (Qwen2.5-7B, 152,064), 3.62-3.66 (Gemma-2, 256,000) with "
@@ -161,6 +165,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graphs_in_budget=True,
         graph_estimate=(round(0.5 * GIB), round(1.0 * GIB), round(1.9 * GIB)),
         calibrated=False,
+        calibrated_multi_gpu=False,
         sources=(
             "vllm/v1/worker/gpu_worker.py (0.20.0 and 0.32.0 sources): the CUDA graph "
             "estimate is subtracted from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_"

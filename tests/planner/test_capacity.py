@@ -96,6 +96,10 @@ def test_unsure_plans_are_the_low_end_of_a_range() -> None:
     assert unknown.kv_capacity_range[0] < known.kv_capacity_tokens < unknown.kv_capacity_range[1]
     with pytest.raises(InvalidInput, match="vLLM version"):
         plan_capacity(request(vllm_version="latest"))
+    # 0.11-0.16: checked on single-GPU starts only; two replicas of one GPU stay sure.
+    assert not plan_capacity(request(vllm_version="0.11.2", num_gpus=2, tp=1)).unsure
+    (why,) = plan_capacity(request(vllm_version="0.11.2", num_gpus=2)).unsure
+    assert "tensor or pipeline parallelism" in why
 
 
 def test_overrides_replace_estimates() -> None:
