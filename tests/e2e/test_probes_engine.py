@@ -14,10 +14,13 @@ import subprocess
 import time
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from storage import queries as q
 from tests.e2e.conftest import API_KEY, ENGINE_VENV, ROOT, LiveWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -28,8 +31,26 @@ def _probe(live: LiveWorker, kind: str, timeout: float = 300, **params: Any) -> 
     return run.summary
 
 
+def _engine_ttft(base_url: str) -> tuple[float, float]:
+    """The engine's own TTFT histogram so far: (sum of seconds, count)."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "vllm:time_to_first_token_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return total, count
+
+
 def _vllm_bench(live: LiveWorker, base_url: str, seed: int, rate: float, n: int) -> float:
-    """p50 TTFT (s) that `vllm bench serve` measures for the latency probe's workload."""
+    """How far `vllm bench serve`'s mean TTFT for the latency probe's workload reads above
+    the engine's own mean TTFT over the same requests (s)."""
+    before = _engine_ttft(base_url)
     data = live.settings.data_dir
     (data / "bench").mkdir(exist_ok=True)
     env = {**os.environ, "VLLM_CACHE_ROOT": str(data / "vllm-cache"), "TMPDIR": str(data / "bench")}
@@ -64,13 +85,21 @@ def _vllm_bench(live: LiveWorker, base_url: str, seed: int, rate: float, n: int)
         text=True,
         timeout=300,
     )
-    return float(json.loads(out.read_text())["median_ttft_ms"]) / 1000
+    after = _engine_ttft(base_url)
+    # vllm bench's requests (and its one warm-up prompt of the same shape): nothing else
+    # reaches the engine meanwhile.
+    served = after[1] - before[1]
+    assert served >= n, (served, n)
+    engine_mean = (after[0] - before[0]) / served
+    return float(json.loads(out.read_text())["mean_ttft_ms"]) / 1000 - engine_mean
 
 
 def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
     live: LiveWorker, cpu_engine: str
 ) -> None:
-    ours, bench, over_engine = [], [], []
+    ttft: list[float] = []
+    bench: list[float] = []
+    over_engine: list[float] = []
     for seed in (1, 2, 3):  # alternate, so both see the same (noisy) machine
         s = _probe(
             live, "latency", rate=3, duration_s=10, prompt_tokens=64, output_tokens=32, seed=seed
@@ -89,21 +118,23 @@ def test_latency_probe_agrees_with_the_engine_and_with_vllm_bench(
         assert engine is not None and e2e is not None
         assert engine <= client < e2e, (client, engine, e2e)
         over_engine.append(client - engine)
-        ours.append(s["ttft_from_send_s"]["p50"])
+        ttft.append(engine)
         bench.append(_vllm_bench(live, cpu_engine, seed, rate=3, n=s["requests"]))
-    # Against `vllm bench serve` on its own arrivals: each round is another draw of a
-    # Poisson schedule, and vllm bench's own client (HF tokenizer, aiohttp) competes for the
-    # same two cores: beside a CPU hog it read 2-79 ms above kvscope, on a quiet machine
-    # 0-9 ms. So the check is one-sided and loose: kvscope does not read above the
-    # reference by more than 10 ms or a quarter of TTFT (a client that added its own delay
-    # would). The exact check is the engine's, above.
-    excess = statistics.median(a - b for a, b in zip(ours, bench, strict=True))
+    # Against `vllm bench serve` on its own arrivals, each client judged against the
+    # engine's own TTFT over the very requests it sent: what is left is each client's
+    # overhead, not the engine's speed on a noisy machine (which moved the two tools' p50s
+    # 70 ms apart between rounds beside a CPU hog). vllm bench's client (HF tokenizer,
+    # aiohttp) competes for the same two cores, so the check is one-sided: kvscope adds no
+    # more than vllm bench does, plus 10 ms or a quarter of TTFT (a client that added its
+    # own delay would).
+    excess = statistics.median(a - b for a, b in zip(over_engine, bench, strict=True))
     print(
-        f"TTFT p50 kvscope {ours} s, vllm bench serve {bench} s, kvscope minus bench "
-        f"{excess * 1000:.2f} ms (median of pairs); client mean over the engine's "
-        f"{[round(x * 1000, 2) for x in over_engine]} ms"
+        f"client mean TTFT over the engine's: kvscope "
+        f"{[round(x * 1000, 2) for x in over_engine]} ms, vllm bench serve "
+        f"{[round(x * 1000, 2) for x in bench]} ms; kvscope minus bench "
+        f"{excess * 1000:.2f} ms (median of pairs)"
     )
-    assert excess <= max(0.010, 0.25 * statistics.median(bench))
+    assert excess <= max(0.010, 0.25 * statistics.median(ttft))
     runs = q.list_runs(live.worker.store, kind="latency")
     assert len(q.run_records(live.worker.store, runs[0].id)) == runs[0].summary["requests"]
 
@@ -133,7 +164,13 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
     assert s["last_good_context"] <= predicted < s["failure"]["context"]
     assert s["failure"]["context"] - s["last_good_context"] <= 32
     assert s["health_after"] == "healthy"
-    assert q.get_target(live.worker.store, "embedded").health == "up"
+    # Monitoring comes back with it: a scrape that timed out while the engine was
+    # saturated may read "down" for a moment; the next ones read "up".
+    wait_until(
+        lambda: q.get_target(live.worker.store, "embedded").health == "up",
+        timeout=60,
+        what="the embedded target scraped up again after the OOM probe",
+    )
 
 
 def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
