@@ -112,8 +112,8 @@ class CapacityPlan:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     accounting: AccountingChoice | None = None
-    # When unsure (unknown release, no ground truth for the model class or the accounting)
-    # the plan itself is the pessimistic end and this the optimistic one; else equal.
+    # When unsure (see `unsure`) the plan itself is the pessimistic end and this the
+    # optimistic one; else equal.
     kv_capacity_tokens_high: int = 0
     unsure: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -403,7 +403,7 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
         return best
 
     blocks, memory, gsize = smallest_stage(2 if unsure else 1)
-    high_blocks = smallest_stage(0)[0] if unsure else blocks
+    high_tokens = (smallest_stage(0)[0] if unsure else blocks) // len(groups) * bs
 
     per_request_max = blocks_per_request(groups, max_len, bs, batched)
     per_request_ctx = blocks_per_request(groups, context, bs, batched)
@@ -433,7 +433,7 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
     if unsure:
         notes.append(
             "unsure (" + "; ".join(unsure) + "): the plan is the low end of a range whose "
-            f"high end is {high_blocks // len(groups) * bs:,} tokens"
+            f"high end is {high_tokens:,} tokens"
         )
     return CapacityPlan(
         request=req,
@@ -469,7 +469,7 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
         max_num_batched_tokens=batched,
         max_num_seqs=max_seqs,
         accounting=choice,
-        kv_capacity_tokens_high=high_blocks // len(groups) * bs,
+        kv_capacity_tokens_high=high_tokens,
         unsure=unsure,
         notes=tuple(notes),
     )

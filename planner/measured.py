@@ -145,51 +145,35 @@ def compare(facts: StartupFacts, plan: CapacityPlan) -> list[Line]:
     return lines
 
 
-def measured_request(facts: StartupFacts, req: PlanRequest) -> PlanRequest:
-    """`req` with the overheads the log measured in place of the estimates: re-plan other
-    contexts, KV dtypes and batch limits of the same deployment from it. A change of
-    max_num_batched_tokens or max_num_seqs moves the activation by the predicted change."""
-    base = plan_capacity(request_from_log_like(req, facts))
+def measured_request(facts: StartupFacts, logged: CapacityPlan, req: PlanRequest) -> PlanRequest:
+    """`req` (a change of `logged`, the plan of the deployment the log describes) with the
+    overheads the log measured in place of the estimates: re-plan other contexts, KV dtypes
+    and batch limits of the same deployment from it. A change of max_num_batched_tokens or
+    max_num_seqs moves the activation by the predicted change."""
     weights, kv = _gib(facts.weights_gib), _gib(facts.kv_gib)
     if weights is None or kv is None:
         raise InvalidInput(
             "the log has no 'Model loading took' and 'Available KV cache memory' lines: "
             "nothing measured to re-plan from"
         )
-    overheads = base.memory.budget_bytes - weights - kv
+    overheads = logged.memory.budget_bytes - weights - kv
     acc = accounting_for(req.vllm_version).accounting
     served = served_dtype(req.model, req.model_dtype)
-    tp = base.tp
 
     def act(tokens: int, seqs: int) -> int:
-        return activation_bytes(acc, req.model, served, tp, tokens, seqs)
+        return activation_bytes(acc, req.model, served, logged.tp, tokens, seqs)
 
-    shift = act(*_limits(req, base)) - act(base.max_num_batched_tokens, base.max_num_seqs)
+    wanted = (
+        req.max_num_batched_tokens or logged.max_num_batched_tokens,
+        req.max_num_seqs or logged.max_num_seqs,
+    )
+    shift = act(*wanted) - act(logged.max_num_batched_tokens, logged.max_num_seqs)
     return replace(
         req,
         weights_bytes_per_gpu=weights,
         activation_bytes=max(overheads + shift, 0),
         non_torch_bytes=0,
         cuda_graph_bytes=0,
-    )
-
-
-def request_from_log_like(req: PlanRequest, facts: StartupFacts) -> PlanRequest:
-    """`req` with the batch limits, utilization and KV dtype the log ran with."""
-    kv = facts.kv_cache_dtype or "auto"
-    return replace(
-        req,
-        gpu_memory_utilization=facts.gpu_memory_utilization or req.gpu_memory_utilization,
-        max_num_batched_tokens=facts.max_num_batched_tokens,
-        max_num_seqs=facts.max_num_seqs,
-        kv_dtype="fp8" if kv.startswith("fp8") else kv,
-    )
-
-
-def _limits(req: PlanRequest, base: CapacityPlan) -> tuple[int, int]:
-    return (
-        req.max_num_batched_tokens or base.max_num_batched_tokens,
-        req.max_num_seqs or base.max_num_seqs,
     )
 
 
@@ -229,7 +213,7 @@ def study_log(
             max_num_batched_tokens=max_num_batched_tokens or request.max_num_batched_tokens,
             max_num_seqs=max_num_seqs or request.max_num_seqs,
         )
-        measured = measured_request(facts, changed)
+        measured = measured_request(facts, predicted, changed)
         replans = [
             plan_capacity(replace(measured, kv_dtype=kind, context=context)) for kind in kv_dtypes
         ]

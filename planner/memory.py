@@ -15,8 +15,6 @@ from planner.errors import InvalidInput
 GIB = 1 << 30
 # vLLM's max_num_seqs on a small GPU or a CPU engine (large GPUs: planner.overheads).
 DEFAULT_MAX_NUM_SEQS = 256
-# What a plan falls back to outside planner.capacity (the newest releases default to 0.92).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +55,7 @@ def memory_budget(
     activation_bytes: int,
     non_torch_bytes: int,
     cuda_graph_bytes: int,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    gpu_memory_utilization: float,
     kv_cache_memory_bytes: int | None = None,
 ) -> MemoryBudget:
     """KV budget on one GPU: explicit bytes, or total x utilization minus the rest."""

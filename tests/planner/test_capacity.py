@@ -309,6 +309,6 @@ def test_activation_estimate_grows_with_chunk() -> None:
 
 def test_memory_budget_needs_a_device_or_a_size() -> None:
     with pytest.raises(InvalidInput, match="no device memory"):
-        memory_budget(0, 1, 0, 0, 0)
-    assert memory_budget(0, 1, 0, 0, 0, kv_cache_memory_bytes=5).kv_cache_bytes == 5
+        memory_budget(0, 1, 0, 0, 0, 0.9)
+    assert memory_budget(0, 1, 0, 0, 0, 0.9, kv_cache_memory_bytes=5).kv_cache_bytes == 5
     assert len(kv_groups(load_preset("phi-3-mini"))) == 1
