@@ -223,6 +223,20 @@ def simulate(
         seq.blocks += max(need, 0)
         return True
 
+    def end_of_step() -> Iterator[RequestResult]:
+        """Hand over the requests the step finished, free their blocks, sample."""
+        nonlocal free, next_sample
+        done = [q for q in running if q.generated >= q.req.output_tokens]
+        if done:
+            running[:] = [q for q in running if q.generated < q.req.output_tokens]
+        for q in done:
+            q.alive = False
+            free += q.blocks
+            yield _result(q, now)
+        if sample_every_s is not None and now >= next_sample:
+            stats.timeline.append((now, config.num_blocks - free, len(waiting)))
+            next_sample = now + sample_every_s
+
     while pending is not None or waiting or running:
         yield from take_arrivals()
         if not waiting and not running:
@@ -265,16 +279,7 @@ def simulate(
                     q.generated += k
                     q.itl_max_s = max(q.itl_max_s, worst)
                     q.last_token_s = now
-                done = [q for q in running if q.generated >= q.req.output_tokens]
-                if done:
-                    running[:] = [q for q in running if q.generated < q.req.output_tokens]
-                for q in done:
-                    q.alive = False
-                    free += q.blocks
-                    yield _result(q, now)
-                if sample_every_s is not None and now >= next_sample:
-                    stats.timeline.append((now, config.num_blocks - free, len(waiting)))
-                    next_sample = now + sample_every_s
+                yield from end_of_step()
                 continue
         budget = config.max_num_batched_tokens
         before = stats.preemptions
@@ -339,15 +344,7 @@ def simulate(
             elif seq.last_token_s is not None:
                 seq.itl_max_s = max(seq.itl_max_s, now - seq.last_token_s)
             seq.last_token_s = now
-            if seq.generated >= seq.req.output_tokens:
-                seq.alive = False
-                free += seq.blocks
-                yield _result(seq, now)
-        if any(not q.alive for q in running):
-            running[:] = [q for q in running if q.alive]
-        if sample_every_s is not None and now >= next_sample:
-            stats.timeline.append((now, config.num_blocks - free, len(waiting)))
-            next_sample = now + sample_every_s
+        yield from end_of_step()
 
 
 def _result(seq: _Seq, now: float) -> RequestResult:
