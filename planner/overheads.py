@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, replace
 
 from planner.errors import InvalidInput
+from planner.memory import DEFAULT_MAX_NUM_SEQS
 from planner.models import ModelArch
 
 GIB = 1 << 30
@@ -325,7 +326,7 @@ def default_batch_limits(memory_bytes: int, gpu_name: str) -> tuple[int, int]:
         return 16384, 1024
     if memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower():
         return 8192, 1024
-    return 2048, 256
+    return 2048, DEFAULT_MAX_NUM_SEQS
 
 
 # How far off an accounting may be where nothing checked it: activation and non-torch
