@@ -1,0 +1,205 @@
+"""The simulator's scheduler as first written: one Python object per request, every step
+a walk over the running requests. Slow and plain; the vectorised engine must give the same
+results."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from planner.errors import InvalidInput
+from planner.simulate.engine import EngineConfig, EngineStats, RequestResult, SimRequest, StepCost
+
+
+@dataclass(slots=True, eq=False)  # identity: two equal requests are two sequences
+class _Seq:
+    req: SimRequest
+    computed: int = 0  # tokens whose KV is cached (prompt, then generated)
+    generated: int = 0
+    blocks: int = 0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    itl_max_s: float = 0.0
+    preemptions: int = 0
+    order: int = 0  # admission order: the newest is preempted first
+    alive: bool = False  # running now (cleared when preempted or finished)
+
+    @property
+    def prompt_left(self) -> int:
+        return max(self.req.prompt_tokens + self.generated - self.computed, 0)
+
+
+def _cap(config: EngineConfig) -> int:
+    """Most prefill tokens one request takes in a step."""
+    threshold = config.long_prefill_token_threshold
+    if threshold > 0 and config.chunked_prefill:
+        return threshold
+    return config.max_num_batched_tokens
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(tokens / block_size)
+
+
+def reference_simulate(
+    requests: Iterable[SimRequest],
+    config: EngineConfig,
+    cost: StepCost,
+    stats: EngineStats | None = None,
+    sample_every_s: float | None = None,
+) -> Iterator[RequestResult]:
+    """Run the traffic (ordered by arrival) through the engine; yield each request's result
+    as it finishes or is refused. `stats` collects totals (and a timeline of KV blocks in
+    use and queue depth every `sample_every_s` of simulated time)."""
+    stats = stats if stats is not None else EngineStats()
+    arrivals = iter(requests)
+    pending: SimRequest | None = next(arrivals, None)
+    waiting: deque[_Seq] = deque()
+    running: list[_Seq] = []
+    free = config.num_blocks
+    now = 0.0
+    admitted = 0
+    next_sample = 0.0
+    last_arrival = -math.inf
+
+    def take_arrivals() -> Iterator[RequestResult]:
+        nonlocal pending, last_arrival
+        while pending is not None and pending.arrival_s <= now:
+            if pending.arrival_s < last_arrival:
+                raise InvalidInput("requests must be ordered by arrival time")
+            last_arrival = pending.arrival_s
+            if pending.prompt_tokens + pending.output_tokens > config.max_model_len:
+                stats.refused += 1
+                yield RequestResult(pending, refused=True)
+            elif pending.prompt_tokens < 1 or pending.output_tokens < 1:
+                raise InvalidInput("a request needs at least one prompt and one output token")
+            else:
+                waiting.append(_Seq(pending))
+            pending = next(arrivals, None)
+
+    def preempt(victim: _Seq) -> None:
+        nonlocal free
+        running.remove(victim)
+        victim.alive = False
+        free += victim.blocks
+        victim.blocks, victim.computed = 0, 0
+        victim.preemptions += 1
+        stats.preemptions += 1
+        waiting.appendleft(victim)
+
+    def grow(seq: _Seq, tokens: int) -> bool:
+        """Blocks for `tokens` more tokens of `seq`, preempting newer requests if needed;
+        False when `seq` itself had to go."""
+        nonlocal free
+        need = _blocks_for(seq.computed + tokens, config.block_size) - seq.blocks
+        while need > free:
+            victim = running[-1]  # admission order: the newest is last
+            preempt(victim)
+            if victim is seq:
+                return False
+        free -= max(need, 0)
+        seq.blocks += max(need, 0)
+        return True
+
+    def end_of_step() -> Iterator[RequestResult]:
+        """Hand over the requests the step finished, free their blocks, sample."""
+        nonlocal free, next_sample
+        done = [q for q in running if q.generated >= q.req.output_tokens]
+        if done:
+            running[:] = [q for q in running if q.generated < q.req.output_tokens]
+        for q in done:
+            q.alive = False
+            free += q.blocks
+            yield _result(q, now)
+        if sample_every_s is not None and now >= next_sample:
+            stats.timeline.append((now, config.num_blocks - free, len(waiting)))
+            next_sample = now + sample_every_s
+
+    while pending is not None or waiting or running:
+        yield from take_arrivals()
+        if not waiting and not running:
+            now = pending.arrival_s if pending is not None else now
+            continue
+        budget = config.max_num_batched_tokens
+        before = stats.preemptions
+        scheduled: list[tuple[_Seq, int]] = []
+        # `running` is in admission order: readmitted requests rejoin at the end.
+        for seq in list(running):
+            if not seq.alive or budget == 0:
+                continue
+            want = min(seq.prompt_left, budget, _cap(config)) if seq.prompt_left else 1
+            if not grow(seq, want):
+                continue
+            scheduled.append((seq, want))
+            budget -= want
+        scheduled = [(s, n) for s, n in scheduled if s.alive]
+        # As vLLM V1: no new admissions in a step that had to preempt.
+        while (
+            stats.preemptions == before
+            and waiting
+            and budget > 0
+            and len(running) < config.max_num_seqs
+        ):
+            seq = waiting[0]
+            want = seq.prompt_left
+            if want > budget and not config.chunked_prefill:
+                break
+            want = min(want, budget, _cap(config))
+            need = _blocks_for(want, config.block_size)
+            if need > free:
+                break
+            waiting.popleft()
+            free -= need
+            seq.blocks = need
+            admitted += 1
+            seq.order = admitted
+            seq.alive = True
+            if seq.scheduled_s is None:
+                seq.scheduled_s = now
+            running.append(seq)
+            scheduled.append((seq, want))
+            budget -= want
+        if not scheduled:
+            # Nothing fits (every block held by prompts in progress): wait for an arrival.
+            if pending is None:
+                raise InvalidInput(
+                    "the KV cache cannot hold one request: raise num_blocks or lower max_model_len"
+                )
+            now = max(now, pending.arrival_s)
+            continue
+        tokens = sum(n for _, n in scheduled)
+        kv_tokens = sum(s.computed + n for s, n in scheduled)
+        step = cost.step_s(tokens, kv_tokens)
+        now += step
+        stats.steps += 1
+        stats.busy_s += step
+        for seq, n in scheduled:
+            seq.computed += n
+            if seq.prompt_left:
+                continue  # a prompt chunk: no token yet
+            seq.generated += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = now
+            elif seq.last_token_s is not None:
+                seq.itl_max_s = max(seq.itl_max_s, now - seq.last_token_s)
+            seq.last_token_s = now
+        yield from end_of_step()
+
+
+def _result(seq: _Seq, now: float) -> RequestResult:
+    req = seq.req
+    assert seq.first_token_s is not None and seq.scheduled_s is not None
+    decodes = req.output_tokens - 1
+    return RequestResult(
+        request=req,
+        refused=False,
+        queue_s=seq.scheduled_s - req.arrival_s,
+        ttft_s=seq.first_token_s - req.arrival_s,
+        e2e_s=now - req.arrival_s,
+        tpot_s=(now - seq.first_token_s) / decodes if decodes else None,
+        itl_max_s=seq.itl_max_s if decodes else None,
+        preemptions=seq.preemptions,
+    )
