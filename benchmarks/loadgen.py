@@ -27,14 +27,9 @@ from pathlib import Path
 
 import httpx
 
-from probes.load.generator import (
-    Arrival,
-    RequestSpec,
-    new_client,
-    percentiles,
-    run_open_loop,
-)
-from probes.load.workloads import FixedProfile, PromptBuilder
+from planner.workload import Arrival, FixedProfile
+from probes.load.generator import RequestSpec, new_client, percentiles, run_open_loop
+from probes.load.workloads import PromptBuilder
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 
 ROOT = Path(__file__).resolve().parents[1]

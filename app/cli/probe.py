@@ -274,7 +274,7 @@ def profile_save(
 @profile_app.command("list")
 def profile_list() -> None:
     """The presets and the stored profiles."""
-    from probes.load.workloads import PRESETS
+    from planner.workload import PRESETS
     from storage import queries as q
     from storage.db import open_store
 
@@ -287,7 +287,7 @@ def profile_list() -> None:
 @profile_app.command("show")
 def profile_show(name: Annotated[str, typer.Argument()]) -> None:
     """A profile as JSON (a good start for your own)."""
-    from probes.load.workloads import parse_profile
+    from planner.workload import parse_profile
     from storage import queries as q
     from storage.db import open_store
 

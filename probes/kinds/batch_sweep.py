@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from planner.workload import FixedProfile, Profile, parse_profile
 from probes.kinds.chart import Axis, Chart, Color, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
     PROMPT_BUILD_S,
@@ -26,7 +27,6 @@ from probes.kinds.context import (
 )
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
 from probes.load.generator import Percentiles
-from probes.load.workloads import FixedProfile, Profile, parse_profile
 
 
 class Params(ProbeParams):

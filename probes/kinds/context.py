@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner import slo
 from planner.errors import Cancelled, InvalidInput, KvscopeError
 from planner.stats import histogram_quantile
+from planner.workload import Arrival, Profile, RequestShape
 from probes.engine.spec import EngineSpec
 from probes.load.generator import (
-    Arrival,
     Bounds,
     Progress,
     RequestResult,
@@ -42,7 +42,7 @@ from probes.load.generator import (
     run_closed_loop,
     run_open_loop,
 )
-from probes.load.workloads import Profile, PromptBuilder, RequestShape
+from probes.load.workloads import PromptBuilder
 from probes.vllm.client import Api, AsyncVllmClient, Endpoint
 from probes.vllm.metrics import ParsedScrape
 from storage.schemas import ProbeLimits

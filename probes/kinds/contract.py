@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from planner.errors import InvalidInput
+from planner.workload import validated
 from probes.kinds.chart import Chart
 from probes.kinds.context import (
     PlannedLoad,
@@ -24,7 +25,6 @@ from probes.kinds.context import (
     ProbeProgress,
     ProbeResult,
 )
-from probes.load.generator import validated
 from storage.schemas import ProbeLimits
 
 P = TypeVar("P", bound=ProbeParams)

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from planner.stats import linear_trend
+from planner.workload import Arrival, RequestShape
 from probes.kinds.chart import Axis, Band, Chart, Trace
 from probes.kinds.context import (
     PROMPT_BUILD_S,
@@ -27,8 +28,6 @@ from probes.kinds.context import (
     Sampler,
 )
 from probes.kinds.contract import CliOption, FormField, ProbeKind
-from probes.load.generator import Arrival
-from probes.load.workloads import RequestShape
 
 RETURN_TOLERANCE = 0.02  # of the cache
 

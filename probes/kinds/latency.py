@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from planner.errors import KvscopeError
+from planner.workload import Arrival, FixedProfile, Profile, parse_profile
 from probes.kinds.chart import Axis, Chart, Trace
 from probes.kinds.context import (
     PROMPT_BUILD_S,
@@ -28,8 +29,7 @@ from probes.kinds.context import (
     histogram_delta,
 )
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row
-from probes.load.generator import Arrival, Percentiles, RunResult, Summary
-from probes.load.workloads import FixedProfile, Profile, parse_profile
+from probes.load.generator import Percentiles, RunResult, Summary
 from probes.vllm.metrics import ParsedScrape
 
 

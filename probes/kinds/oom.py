@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from planner.errors import KvscopeError
 from planner.kv import vllm_kv_cache
 from planner.models import from_config_file
+from planner.workload import FixedProfile
 from probes.engine.spec import EngineSpec
 from probes.kinds.chart import Axis, Chart, Mark, Trace
 from probes.kinds.context import (
@@ -36,7 +37,6 @@ from probes.kinds.context import (
 )
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row, dump_rows
 from probes.load.generator import RequestResult, percentiles
-from probes.load.workloads import FixedProfile
 
 TOO_LONG = re.compile(
     r"maximum context length is (\d+)|maximum model length of (\d+)|"

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import Engine
 
 from planner.errors import InvalidInput
+from planner.workload import PRESETS, Profile, parse_profile
 from probes.kinds import KINDS, RUN_KEYS, get_kind, parse_params
 from probes.kinds.context import ProbeParams
-from probes.load.workloads import PRESETS, Profile, parse_profile
 from storage import queries as q
 from storage.access import Action, Actor, guarded
 from storage.schemas import NAME_RE, ProbeLimits, RunRow, ScheduleRow, TargetRow

@@ -2,13 +2,13 @@
 
 generator (open loop, every request at its scheduled time; closed loop, a fixed number in
 flight; per-request records and their summary; requests go through the lean transport in
-`probes.vllm.transport`), workloads (profiles of prompt and
-answer lengths, and prompts built to an exact token count with the engine's tokenizer).
+`probes.vllm.transport`), workloads (prompts built to an exact token count with the
+engine's tokenizer, for the profiles and arrival processes of `planner.workload`).
 May import `planner` and `probes.vllm`.
 """
 
+from planner.workload import PRESETS, Arrival, Profile, RequestShape, parse_profile
 from probes.load.generator import (
-    Arrival,
     Bounds,
     Percentiles,
     RequestResult,
@@ -19,7 +19,7 @@ from probes.load.generator import (
     run_closed_loop,
     run_open_loop,
 )
-from probes.load.workloads import PRESETS, Profile, PromptBuilder, RequestShape, parse_profile
+from probes.load.workloads import PromptBuilder
 
 __all__ = [
     "PRESETS",

@@ -27,7 +27,6 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -36,9 +35,9 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict
 
-from planner.errors import InvalidInput, validation_message
+from planner.errors import InvalidInput
 from probes.vllm.client import Endpoint
 from probes.vllm.transport import LeanTransport
 
@@ -55,92 +54,6 @@ SPIN_S = 0.0015
 CANCEL_POLL_S = 0.05
 PROGRESS_EVERY_S = 0.2
 FLUSH_EVERY_S = 0.5
-
-
-def validated(model: type[M], data: Mapping[str, Any], what: str) -> M:
-    """`model(**data)`, with pydantic's complaints turned into one InvalidInput line."""
-    try:
-        return model.model_validate(dict(data))
-    except ValidationError as err:
-        raise InvalidInput(f"invalid {what}: {validation_message(err)}") from err
-
-
-class Arrival(BaseModel):
-    """When requests arrive: a process and its rate, turned into offsets for a seed.
-
-    `cv` is the coefficient of variation of the gaps for `gamma` (1 is Poisson, above 1
-    burstier); vllm bench's `--burstiness` is 1/cv². `ramp` goes from `rate` to `end_rate`
-    linearly over `ramp_s` seconds, evenly spaced, then stays at `end_rate`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["poisson", "gamma", "constant", "ramp"] = "poisson"
-    rate: PositiveFloat
-    cv: PositiveFloat = 1.0
-    end_rate: PositiveFloat | None = None
-    ramp_s: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _ramp_needs_its_end(self) -> Arrival:
-        if self.kind == "ramp" and (self.end_rate is None or self.ramp_s is None):
-            raise ValueError("a ramp needs end_rate and ramp_s")
-        return self
-
-    def offsets(self, n: int, seed: int = 0) -> list[float]:
-        """`n` send times in seconds from the start, the first at 0; same seed, same times."""
-        if n <= 0:
-            return []
-        rng = np.random.default_rng(seed)
-        i = np.arange(n, dtype=float)
-        if self.kind == "constant":
-            t = i / self.rate
-        elif self.kind == "ramp":
-            assert self.end_rate is not None and self.ramp_s is not None
-            a, b, span = self.rate, self.end_rate, self.ramp_s
-            in_ramp = (a + b) / 2 * span  # arrivals during the ramp
-            # Solve a*t + (b-a)/(2*span)*t² = i for the ramp part.
-            k = (b - a) / (2 * span)
-            # (Past the ramp a falling rate makes the root negative; those i are not used.)
-            root = np.sqrt(np.maximum(a * a + 4 * k * i, 0.0))
-            ramp_t = i / a if k == 0 else (root - a) / (2 * k)
-            t = np.where(i <= in_ramp, ramp_t, span + (i - in_ramp) / b)
-        else:
-            cv = 1.0 if self.kind == "poisson" else self.cv
-            gaps = rng.gamma(shape=1 / cv**2, scale=cv**2 / self.rate, size=n - 1)
-            t = np.concatenate(([0.0], np.cumsum(gaps)))
-        return [float(x) for x in t]
-
-    def stream(self, duration_s: float, seed: int = 0, chunk: int = 4096) -> Iterator[float]:
-        """The send times in [0, duration_s), made a chunk at a time (a long run never holds
-        its whole schedule). For a constant or ramped rate, the same times as `within`."""
-        if self.kind in ("constant", "ramp"):
-            yield from self.within(duration_s, seed)
-            return
-        rng = np.random.default_rng(seed)
-        cv = 1.0 if self.kind == "poisson" else self.cv
-        t = 0.0
-        while t < duration_s:
-            yield t
-            for gap in rng.gamma(shape=1 / cv**2, scale=cv**2 / self.rate, size=chunk):
-                t += float(gap)
-                if t >= duration_s:
-                    return
-                yield t
-
-    def expected(self, duration_s: float) -> int:
-        """How many requests fall within `duration_s`, on average."""
-        peak = max(self.rate, self.end_rate or 0.0)
-        return max(1, round(peak * duration_s))
-
-    def within(self, duration_s: float, seed: int = 0) -> list[float]:
-        """Every send time in [0, duration_s): a constant 20/s for 1 s is 20 requests (how
-        many is up to the process, for Poisson)."""
-        peak = max(self.rate, self.end_rate or 0.0)
-        n = int(peak * duration_s * 1.5) + 16
-        while (t := self.offsets(n, seed))[-1] < duration_s:
-            n *= 2
-        return [x for x in t if x < duration_s]
 
 
 @dataclass(frozen=True, slots=True)

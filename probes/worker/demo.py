@@ -13,8 +13,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from probes.load.generator import Arrival, Bounds, new_client, run_open_loop
-from probes.load.workloads import LengthDist, LognormalProfile, MixItem, MixProfile, PromptBuilder
+from planner.workload import Arrival, LengthDist, LognormalProfile, MixItem, MixProfile
+from probes.load.generator import Bounds, new_client, run_open_loop
+from probes.load.workloads import PromptBuilder
 from probes.vllm.client import AsyncVllmClient, Target
 
 log = logging.getLogger("kvscope.demo")

@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import Engine
 
 from planner.errors import Cancelled, InvalidInput
+from planner.workload import Arrival
 from probes.engine.spec import EngineSpec, embedded_spec
 from probes.kinds import KINDS, StoredRun, execute, get_kind, parse_params
 from probes.kinds.context import ProbeContext
-from probes.load.generator import Arrival, Bounds, RequestSpec, new_client, run_open_loop
+from probes.load.generator import Bounds, RequestSpec, new_client, run_open_loop
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 from storage import queries as q
 from storage.schemas import ProbeLimits

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 
 from planner.errors import InvalidInput
 from planner.stats import percentile
+from planner.workload import Arrival, validated
 from probes.load.generator import (
-    Arrival,
     Bounds,
     RequestResult,
     RequestSpec,
@@ -32,7 +32,6 @@ from probes.load.generator import (
     run_closed_loop,
     run_open_loop,
     summarize,
-    validated,
 )
 from probes.vllm.client import Endpoint
 from storage.tables import ProbeRun, RequestRecord, Target

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InvalidInput, TargetError, UnknownChoice
-from probes.load.generator import RequestSpec, new_client, run_open_loop
-from probes.load.workloads import (
+from planner.workload import (
     PRESETS,
     EmpiricalProfile,
     FixedProfile,
@@ -22,12 +21,13 @@ from probes.load.workloads import (
     MixProfile,
     MultiTurnProfile,
     Profile,
-    PromptBuilder,
     RequestShape,
     SharedPrefixProfile,
     get_profile,
     parse_profile,
 )
+from probes.load.generator import RequestSpec, new_client, run_open_loop
+from probes.load.workloads import PromptBuilder
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 from tests.support.fake_openai import FakeConfig, FakeOpenAI, chat_tokens, serve, tokenize
 
