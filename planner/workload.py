@@ -29,6 +29,26 @@ from planner.errors import InvalidInput, UnknownChoice, validation_message
 
 M = TypeVar("M", bound=BaseModel)
 
+# Prompt-length bands for runs without named classes: head-of-line blocking shows as the
+# short band's TTFT rising while long prompts are in the mix.
+PROMPT_BANDS: tuple[tuple[int, str], ...] = (
+    (512, "prompt <= 512"),
+    (2048, "prompt 513-2048"),
+    (8192, "prompt 2049-8192"),
+)
+
+
+def shape_class(component: str | None, prompt_tokens: int | None) -> str:
+    """A request's class: its component of a mixed profile, else its prompt band."""
+    if component:
+        return component
+    if prompt_tokens is None:
+        return "prompt unknown"
+    for top, name in PROMPT_BANDS:
+        if prompt_tokens <= top:
+            return name
+    return "prompt > 8192"
+
 
 def validated(model: type[M], data: Mapping[str, Any], what: str) -> M:
     """`model(**data)`, with pydantic's complaints turned into one InvalidInput line."""

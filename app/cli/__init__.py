@@ -1,8 +1,8 @@
 """The `kvscope` command line (Typer): the root app, its command groups, and `main()`.
 
 scrape (one /metrics)   targets (target ...)   engine (engine ...)   models (model ...)
-probe (probe ..., profile ...)   plan (plan)   export (export ...)   processes (worker,
-console, up)   hosts (hosts ...: where targets may point)   users (users ...)
+probe (probe ..., profile ...)   plan (plan)   simulate (what-if)   export (export ...)
+processes (worker, console, up)   hosts (hosts ...: where targets may point)   users (users ...)
 audit (audit export)   diagnose (why the tail broke)   _shared (settings, store, logging,
 output files).
 
@@ -33,6 +33,7 @@ from app.cli.plan import plan as plan_command
 from app.cli.probe import probe_app, profile_app
 from app.cli.processes import console, up, worker
 from app.cli.scrape import scrape as scrape_command
+from app.cli.simulate import simulate as simulate_command
 from app.cli.targets import target_app
 from app.cli.users import users_app
 from planner.errors import KvscopeError
@@ -54,6 +55,7 @@ app.add_typer(export_app, name="export")
 app.add_typer(users_app, name="users")
 app.add_typer(audit_app, name="audit")
 app.command("plan")(plan_command)
+app.command("simulate")(simulate_command)
 app.command("scrape")(scrape_command)
 app.command("diagnose")(diagnose_command)
 app.command("worker")(worker)

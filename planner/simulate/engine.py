@@ -126,8 +126,13 @@ class EngineStats:
     refused: int = 0
     busy_s: float = 0.0
     stretches: int = 0  # runs of decode-only steps taken in one go
+    max_batch: int = 0  # most requests scheduled in one step
     # (time, KV blocks in use, requests waiting), one row per step when sampling is asked
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
+
+
+# Receives inter-token gaps in seconds and how many requests saw each one.
+GapSink = Callable[[np.ndarray, float], None]
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
@@ -220,8 +225,10 @@ class _Engine:
         cost: StepCost,
         stats: EngineStats,
         sample_every_s: float | None,
+        on_gaps: GapSink | None = None,
     ) -> None:
         self.config, self.cost, self.stats = config, cost, stats
+        self.on_gaps = on_gaps
         self.sample_every_s, self.next_sample = sample_every_s, 0.0
         self.arrivals = iter(requests)
         self.pending: SimRequest | None = next(self.arrivals, None)
@@ -321,9 +328,13 @@ class _Engine:
         first = emit & np.isnan(run.first_s[:n])
         again = emit & ~first & ~np.isnan(run.last_s[:n])
         run.first_s[:n][first] = self.now
+        gaps = self.now - run.last_s[:n][again]
         itl = run.itl_max_s[:n]
-        itl[again] = np.maximum(itl[again], self.now - run.last_s[:n][again])
+        itl[again] = np.maximum(itl[again], gaps)
+        if self.on_gaps is not None and gaps.size:
+            self.on_gaps(gaps, 1.0)
         run.last_s[:n][emit] = self.now
+        stats.max_batch = max(stats.max_batch, int(scheduled.sum()))
         # Every request emitted: all are decoding, and their last token came just now.
         self.decoding = bool(emit.all())
         return True
@@ -382,8 +393,12 @@ class _Engine:
         self.stats.stretches += 1
         self.now = float(times[k])
         # Every request emitted at the last step's end, so the gaps are the step times.
+        gaps = np.diff(times[: k + 1])
         itl = run.itl_max_s[:n]
-        np.maximum(itl, float(np.diff(times[: k + 1]).max()), out=itl)
+        np.maximum(itl, float(gaps.max()), out=itl)
+        if self.on_gaps is not None:
+            self.on_gaps(gaps, float(n))
+        self.stats.max_batch = max(self.stats.max_batch, n)
         run.last_s[:n] = self.now
         need = self._blocks_needed(k)
         run.blocks[:n] += need
@@ -450,13 +465,16 @@ def simulate(
     stats: EngineStats | None = None,
     sample_every_s: float | None = None,
     fast_forward: bool = True,
+    itl: GapSink | None = None,
 ) -> Iterator[RequestResult]:
     """Run the traffic (ordered by arrival) through the engine; yield each request's result
     as it finishes or is refused. `stats` collects totals (and a timeline of KV blocks in
     use and queue depth every `sample_every_s` of simulated time). `fast_forward` runs
-    stretches of decode-only steps in one go: the same results, far fewer operations."""
+    stretches of decode-only steps in one go: the same results, far fewer operations.
+    `itl` receives every inter-token gap (an array of gaps, and how many requests saw each)
+    as steps end, for a sketch of the ITL distribution."""
     engine = _Engine(
-        requests, config, cost, stats if stats is not None else EngineStats(), sample_every_s
+        requests, config, cost, stats if stats is not None else EngineStats(), sample_every_s, itl
     )
     return engine.run(fast_forward)
 

@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from planner.errors import InvalidInput
+from planner.workload import PROMPT_BANDS
 from probes.engine.spec import EngineSpec, parse_spec
 from probes.kinds import latency
 from probes.kinds.chart import Axis, Chart, Color, Trace
 from probes.kinds.context import PlannedLoad, ProbeContext, ProbeProgress, ProbeResult
 from probes.kinds.contract import CliOption, FormField, ProbeKind, Row
-from probes.load.generator import PROMPT_BANDS
 
 # The settings an arm may change: those that shape scheduling and the cache.
 ARM_FIELDS = frozenset(

@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InvalidInput
+from planner.workload import shape_class
 from probes.vllm.client import Endpoint
 from probes.vllm.transport import LeanTransport
 
@@ -130,27 +131,10 @@ class RequestResult:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-# Prompt-length bands for runs without named classes: head-of-line blocking shows as the
-# short band's TTFT rising while long prompts are in the mix.
-PROMPT_BANDS: tuple[tuple[int, str], ...] = (
-    (512, "prompt <= 512"),
-    (2048, "prompt 513-2048"),
-    (8192, "prompt 2049-8192"),
-)
-
-
 def request_class(r: RequestResult) -> str:
     """A request's class: its component of a mixed workload profile, else its prompt band."""
     component = r.tags.get("component")
-    if component:
-        return str(component)
-    tokens = r.prompt_tokens
-    if tokens is None:
-        return "prompt unknown"
-    for top, name in PROMPT_BANDS:
-        if tokens <= top:
-            return name
-    return "prompt > 8192"
+    return shape_class(str(component) if component else None, r.prompt_tokens)
 
 
 @dataclass(frozen=True)

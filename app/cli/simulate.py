@@ -1,0 +1,150 @@
+"""`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it.
+
+A Typer command function; app/cli/__init__.py registers it as the `simulate` command. The
+scenario comes from `planner.simulate.setup` (the same one the What-if page builds).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from planner.errors import InvalidInput
+from planner.gpus import get_gpu
+from planner.models import load_model
+from planner.simulate.setup import SETTING_NAMES, parse_settings, scenario
+from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
+
+
+def parse_rates(text: str) -> list[float]:
+    """'1,2,5' or 'START:STOP:COUNT' (evenly spaced, both ends included)."""
+    try:
+        if ":" in text:
+            start, stop, count = text.split(":")
+            rates = [float(x) for x in np.linspace(float(start), float(stop), int(count))]
+        else:
+            rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(
+            f"cannot read {text!r} as rates: write 1,2,5 or START:STOP:COUNT (1:20:20)"
+        ) from None
+    if not rates or any(r <= 0 for r in rates):
+        raise InvalidInput(f"rates must be above 0 requests/s, got {text!r}")
+    return rates
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f}"
+
+
+def _line(point: RatePoint) -> str:
+    p = point.prediction
+    interval = point.ttft_p99
+    band = f" [{_ms(interval.low)}-{_ms(interval.high)}]" if interval else ""
+    share = "" if p.slo_share is None else f"  SLO {p.slo_share:6.1%}"
+    flag = "  extrapolated" if p.extrapolation else ""
+    return (
+        f"{p.rate:8.2f}/s  TTFT p50 {_ms(p.ttft_s.p50):>6} p99 {_ms(p.ttft_s.p99):>7}{band}  "
+        f"TPOT p50 {_ms(p.tpot_s.p50):>4} p99 {_ms(p.tpot_s.p99):>5}  E2E p99 "
+        f"{_ms(p.e2e_s.p99):>7}  preempt {p.preemptions:>5}  util {p.utilisation:5.0%}"
+        f"{share}{flag}"
+    )
+
+
+def _doc(p: Prediction, point: RatePoint) -> dict[str, Any]:
+    doc = p.model_dump()
+    doc["ttft_p99_interval"] = point.ttft_p99.model_dump() if point.ttft_p99 else None
+    doc["e2e_p99_interval"] = point.e2e_p99.model_dump() if point.e2e_p99 else None
+    return doc
+
+
+_SET_HELP = (
+    f"Engine setting or workload parameter, key=value (repeatable): {', '.join(SETTING_NAMES)}."
+)
+
+
+def simulate(
+    model: str = typer.Option(
+        ..., "--model", "-m", help="Preset name (e.g. llama-3.1-8b) or path to a config.json."
+    ),
+    gpu: str = typer.Option(..., "--gpu", "-g", help="Catalog GPU (e.g. h100-sxm)."),
+    rate: float | None = typer.Option(None, "--rate", "-r", help="Requests per second."),
+    sweep_rate: str | None = typer.Option(
+        None, "--sweep-rate", help="Several rates: 1,2,5 or START:STOP:COUNT (a curve)."
+    ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        "-p",
+        help="Workload profile preset (chat, code-review, ...) or a JSON profile; default "
+        "fixed lengths (prompt_tokens/output_tokens, 512/128).",
+    ),
+    set_: Annotated[list[str] | None, typer.Option("--set", help=_SET_HELP)] = None,
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="TTFT bound, seconds."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="TPOT bound, seconds."),
+    slo_share: float = typer.Option(
+        0.99, "--slo-share", help="Share of requests inside both bounds."
+    ),
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, max=50, help="Runs per rate; 5 or more give an 80% interval on p99."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Predict TTFT, TPOT, ITL, E2E and queue time of a vLLM engine you do not have yet."""
+    if (rate is None) == (sweep_rate is None):
+        raise InvalidInput("give --rate R or --sweep-rate RATES (one of them)")
+    rates = [rate] if rate is not None else parse_rates(sweep_rate or "")
+    if rate is not None and rate <= 0:
+        raise InvalidInput(f"the rate must be above 0 requests/s, got {rate:g}")
+    slo = None
+    if slo_ttft is not None or slo_tpot is not None:
+        if slo_ttft is None or slo_tpot is None or not 0 < slo_share <= 1:
+            raise InvalidInput("an SLO needs --slo-ttft and --slo-tpot, and a share in (0, 1]")
+        slo = SloBounds(ttft_s=slo_ttft, tpot_s=slo_tpot, share=slo_share)
+    loaded: str | dict[str, Any] | None = profile
+    if profile is not None and profile.lstrip().startswith("{"):
+        try:
+            loaded = json.loads(profile)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"--profile is not valid JSON: {exc.msg}") from exc
+    settings = parse_settings(set_ or ())
+    what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)
+    points = sweep(what, rates, seeds)
+    best = max_rate(what) if slo is not None else None
+    if as_json:
+        docs = [_doc(p.prediction, p) for p in points]
+        out: dict[str, Any] = docs[0] if rate is not None else {"points": docs}
+        out |= {
+            "max_rate": best,
+            "source": what.source,
+            "kv_blocks": what.config.num_blocks,
+            "vllm_accounting": plan.accounting.label if plan.accounting else None,
+        }
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(
+        f"{plan.request.model.name} on {settings.tensor_parallel_size} x {plan.request.gpu.name}"
+        if plan.request.gpu
+        else plan.request.model.name
+    )
+    typer.echo(
+        f"{what.config.num_blocks:,} KV blocks of {what.config.block_size} tokens, "
+        f"max_num_seqs {what.config.max_num_seqs}, max_num_batched_tokens "
+        f"{what.config.max_num_batched_tokens:,}; step cost: {what.source} (uncalibrated: "
+        "assumed efficiencies, see docs/simulator.md)"
+    )
+    typer.echo(f"{what.requests:,} requests per run; times in ms")
+    for point in points:
+        typer.echo(_line(point))
+    flags = {f for point in points for f in point.prediction.extrapolation}
+    for f in sorted(flags):
+        typer.echo(f"extrapolation: {f}")
+    if slo is not None:
+        typer.echo(
+            f"highest rate meeting the SLO: {best:.2f} requests/s"
+            if best is not None
+            else "no rate meets the SLO (even 1% of the engine's capacity misses it)"
+        )

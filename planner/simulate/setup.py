@@ -1,0 +1,142 @@
+"""A what-if scenario from the names people already use: the engine spec's settings
+(`kv_cache_dtype`, `max_num_seqs`, ...) and the latency probe's workload parameters
+(`prompt_tokens`, `output_tokens`, `num_requests`, `arrival`, ...), validated in one place
+for the CLI's `--set k=v` and the What-if page. The KV block count comes from the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
+from planner.errors import InvalidInput, validation_message
+from planner.gpus import GPUSpec
+from planner.models import ModelArch
+from planner.simulate.engine import EngineConfig
+from planner.simulate.roofline import roofline_cost
+from planner.simulate.whatif import Scenario, SloBounds
+from planner.workload import FixedProfile, Profile, parse_profile
+
+
+class Settings(BaseModel):
+    """Engine settings (the engine spec's names) and workload parameters (the latency
+    probe's names) a what-if run takes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The engine.
+    kv_cache_dtype: str = "auto"
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=16)
+    block_size: int | None = Field(None, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    vllm_version: str | None = None
+    # The traffic.
+    prompt_tokens: int | None = Field(None, ge=1)
+    output_tokens: int | None = Field(None, ge=1)
+    num_requests: int = Field(2000, ge=1, le=1_000_000)
+    arrival: Literal["poisson", "gamma", "constant"] = "poisson"
+    cv: float = Field(1.0, gt=0, le=20)
+
+
+SETTING_NAMES = tuple(Settings.model_fields)
+
+
+def parse_settings(pairs: Iterable[str] = (), base: Mapping[str, Any] | None = None) -> Settings:
+    """`k=v` pairs (the CLI's --set) over `base`, validated; a clear error names the key."""
+    data: dict[str, Any] = dict(base or {})
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InvalidInput(f"--set takes key=value, got {pair!r}")
+        if key not in Settings.model_fields:
+            raise InvalidInput(f"unknown setting {key!r}; known: {', '.join(SETTING_NAMES)}")
+        data[key] = value.strip()
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as err:
+        raise InvalidInput(f"invalid what-if settings: {validation_message(err)}") from err
+
+
+def workload(settings: Settings, profile: str | Mapping[str, Any] | None) -> Profile:
+    """The profile, or fixed lengths from `prompt_tokens`/`output_tokens` (512/128 when
+    neither is given); not both, as the latency probe."""
+    fixed = settings.prompt_tokens is not None or settings.output_tokens is not None
+    if profile is not None and fixed:
+        raise InvalidInput("give a profile or prompt_tokens/output_tokens, not both")
+    if profile is not None:
+        return parse_profile(profile)
+    return FixedProfile(
+        prompt_tokens=settings.prompt_tokens or 512, output_tokens=settings.output_tokens or 128
+    )
+
+
+def plan_for(model: ModelArch, gpu: GPUSpec, settings: Settings) -> CapacityPlan:
+    """The planner's plan of one replica with these settings (its block count and limits)."""
+    tp = settings.tensor_parallel_size
+    return plan_capacity(
+        PlanRequest(
+            model=model,
+            gpu=gpu,
+            num_gpus=tp,
+            tp=tp,
+            kv_dtype=settings.kv_cache_dtype,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            block_size=settings.block_size,
+            max_model_len=settings.max_model_len,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            vllm_version=settings.vllm_version,
+        )
+    )
+
+
+def scenario(
+    model: ModelArch,
+    gpu: GPUSpec,
+    settings: Settings,
+    profile: str | Mapping[str, Any] | None = None,
+    slo: SloBounds | None = None,
+) -> tuple[Scenario, CapacityPlan]:
+    """The scenario to simulate and the plan its blocks come from (roofline step cost)."""
+    plan = plan_for(model, gpu, settings)
+    if plan.usable_blocks < 1:
+        why = "; ".join(plan.notes) or "the weights and overheads fill the memory"
+        raise InvalidInput(
+            f"{model.name} leaves no KV cache on {settings.tensor_parallel_size} x {gpu.name}: "
+            f"{why} (see kvscope plan)"
+        )
+    batched = plan.max_num_batched_tokens
+    if not settings.enable_chunked_prefill:
+        # vLLM raises the budget to max_model_len without chunked prefill.
+        batched = max(batched, plan.max_model_len)
+    config = EngineConfig(
+        num_blocks=plan.usable_blocks,
+        block_size=plan.block_size,
+        max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=batched,
+        chunked_prefill=settings.enable_chunked_prefill,
+        max_model_len=plan.max_model_len,
+        long_prefill_token_threshold=settings.long_prefill_token_threshold,
+    )
+    return (
+        Scenario(
+            config=config,
+            cost=roofline_cost(plan),
+            profile=workload(settings, profile),
+            requests=settings.num_requests,
+            arrival=settings.arrival,
+            cv=settings.cv,
+            slo=slo,
+            source="roofline",
+        ),
+        plan,
+    )

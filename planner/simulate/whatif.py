@@ -1,0 +1,397 @@
+"""What-if runs: traffic drawn from a workload profile, run through the modelled engine, and
+the figures a person reads (the latency probe's shape), the highest rate meeting an SLO and
+how far a prediction can be trusted.
+
+Memory does not grow with the number of requests: latencies go into fixed-size log-bucket
+sketches as requests finish, and the KV/queue timeline is sampled at most `TIMELINE_POINTS`
+times a run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from planner.errors import InvalidInput
+from planner.simulate.engine import EngineConfig, EngineStats, SimRequest, StepCost, simulate
+from planner.workload import Arrival, Profile, shape_class
+
+# Past this utilisation (the rate over the most the engine completes with every slot full),
+# queueing dominates and small errors in the step cost move the tail a lot: the prediction
+# is flagged as an extrapolation.
+UTILISATION_FLAG = 0.85
+TIMELINE_POINTS = 400
+# Bucket edges grow by 1 %: a quantile read from the sketch is within 0.5 % of the value.
+_RATIO = 1.01
+_LO, _HI = 1e-6, 1e5
+_EDGES = _LO * _RATIO ** np.arange(math.ceil(math.log(_HI / _LO) / math.log(_RATIO)) + 1)
+_FLUSH = 4096
+
+
+class Sketch:
+    """Quantiles of any number of values (seconds) in fixed memory: counts in log-spaced
+    buckets; values are buffered and binned a few thousand at a time."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(_EDGES) + 1)
+        self.n = 0.0
+        self.total = 0.0
+        self.max = -math.inf
+        self._values: list[float] = []
+
+    def add(self, value: float) -> None:
+        self._values.append(value)
+        if len(self._values) >= _FLUSH:
+            self.flush()
+
+    def add_many(self, values: np.ndarray, weights: np.ndarray | float = 1.0) -> None:
+        """Values with weights (a value seen `w` times)."""
+        values = np.asarray(values, dtype=float)
+        w = np.broadcast_to(np.asarray(weights, dtype=float), values.shape)
+        if not values.size:
+            return
+        np.add.at(self.counts, np.searchsorted(_EDGES, values), w)
+        self.n += float(w.sum())
+        self.total += float((values * w).sum())
+        self.max = max(self.max, float(values.max()))
+
+    def flush(self) -> None:
+        if self._values:
+            values, self._values = np.asarray(self._values), []
+            self.add_many(values)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0-1): the geometric middle of the bucket that holds it."""
+        self.flush()
+        if not self.n:
+            return None
+        i = int(np.searchsorted(np.cumsum(self.counts), q * self.n, side="left"))
+        lo = _EDGES[i - 1] if i > 0 else 0.0
+        hi = _EDGES[min(i, len(_EDGES) - 1)]
+        return min(float(math.sqrt(lo * hi)) if lo > 0 else float(hi), self.max)
+
+    def figures(self) -> Figures:
+        self.flush()
+        if not self.n:
+            return Figures()
+        return Figures(
+            p50=self.quantile(0.5),
+            p95=self.quantile(0.95),
+            p99=self.quantile(0.99),
+            mean=self.total / self.n,
+            max=self.max,
+        )
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Figures(_Out):
+    """p50/p95/p99/mean/max of one latency in seconds (the latency probe's shape)."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    max: float | None = None
+
+
+class SloBounds(_Out):
+    """The bounds a request must meet (MLPerf-style: TTFT and TPOT) and the share required."""
+
+    ttft_s: float
+    tpot_s: float
+    share: float = 0.99
+
+    def met(self, ttft: float | None, tpot: float | None) -> bool:
+        return ttft is not None and ttft <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
+
+
+class ClassPrediction(_Out):
+    """One request class (a mixed profile's component, else a prompt band)."""
+
+    name: str
+    requests: int
+    ttft_s: Figures
+    tpot_s: Figures
+    e2e_s: Figures
+    queue_s: Figures
+    slo_share: float | None = None
+
+
+class Prediction(_Out):
+    """One simulated run at one rate: the latency probe's figures and the engine's."""
+
+    rate: float
+    requests: int
+    refused: int
+    duration_s: float
+    ttft_s: Figures
+    tpot_s: Figures
+    itl_s: Figures
+    e2e_s: Figures
+    queue_s: Figures
+    preemptions: int
+    capacity_rps: float  # requests/s the engine completes with every request at once
+    utilisation: float  # rate / capacity_rps
+    output_tokens_per_s: float
+    slo_share: float | None = None  # share of requests inside both SLO bounds
+    goodput_rps: float | None = None  # requests per second inside both bounds
+    by_class: list[ClassPrediction] = []
+    # (seconds, KV blocks in use as a share, requests waiting)
+    timeline: list[tuple[float, float, int]] = []
+    extrapolation: list[str] = []  # why the figure is outside what the source was checked on
+    source: str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything but the rate: the engine, its step cost, the traffic and the SLO."""
+
+    config: EngineConfig
+    cost: StepCost
+    profile: Profile
+    requests: int = 2000
+    arrival: str = "poisson"
+    cv: float = 1.0
+    slo: SloBounds | None = None
+    source: str = "roofline"
+    # Flag predictions past the longest prompt and the largest batch a calibrated cost was
+    # fitted on; None for a roofline, which has no range.
+    calibrated_prompt: int | None = None
+    calibrated_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise InvalidInput(f"requests must be at least 1, got {self.requests}")
+
+    def arrivals(self, rate: float) -> Arrival:
+        if rate <= 0:
+            raise InvalidInput(f"the rate must be above 0 requests/s, got {rate}")
+        return Arrival(kind=self.arrival, rate=rate, cv=self.cv)
+
+
+def traffic(
+    profile: Profile, arrival: Arrival, requests: int, seed: int = 0
+) -> Iterator[SimRequest]:
+    """`requests` requests: send times from `arrival`, lengths from `profile` (independent
+    streams of the same seed), each tagged with its class as the probes tag theirs.
+    Multi-turn sessions arrive as independent requests (no waiting for the previous turn)."""
+    times = arrival.offsets(requests, seed)
+    shapes = profile.iter_shapes(np.random.default_rng([seed, 1]))
+    for t, shape in zip(times, shapes, strict=False):
+        component = shape.tags.get("component")
+        cls = shape_class(str(component) if component else None, shape.prompt_tokens)
+        yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls)
+
+
+@dataclass
+class _Class:
+    ttft: Sketch = field(default_factory=Sketch)
+    tpot: Sketch = field(default_factory=Sketch)
+    e2e: Sketch = field(default_factory=Sketch)
+    queue: Sketch = field(default_factory=Sketch)
+    requests: int = 0
+    met: int = 0
+
+
+def capacity_rps(scenario: Scenario) -> float:
+    """Requests per second the engine completes when all of the scenario's requests come at
+    once (every slot full, the queue never empty): the rate the utilisation is measured
+    against."""
+    burst = (
+        SimRequest(0.0, r.prompt_tokens, r.output_tokens)
+        for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
+    )
+    end, done = 0.0, 0
+    for r in simulate(burst, scenario.config, scenario.cost):
+        if not r.refused:
+            assert r.e2e_s is not None
+            end, done = max(end, r.e2e_s), done + 1
+    if not done:
+        raise InvalidInput("every request is longer than max_model_len: nothing to simulate")
+    return done / end
+
+
+def predict(
+    scenario: Scenario, rate: float, seed: int = 0, capacity: float | None = None
+) -> Prediction:
+    """One simulated run of `scenario.requests` requests at `rate` requests/s. `capacity`
+    (requests/s, from `capacity_rps`) can be passed in when several rates share it."""
+    arrival = scenario.arrivals(rate)
+    capacity = capacity if capacity is not None else capacity_rps(scenario)
+    expected_s = scenario.requests / rate
+    stats = EngineStats()
+    itl = Sketch()
+    classes: dict[str, _Class] = {}
+    every = _Class()
+    refused = tokens = 0
+    longest_prompt = 0
+    slo = scenario.slo
+    end = 0.0
+    results = simulate(
+        traffic(scenario.profile, arrival, scenario.requests, seed),
+        scenario.config,
+        scenario.cost,
+        stats,
+        sample_every_s=expected_s / TIMELINE_POINTS,
+        itl=itl.add_many,
+    )
+    for r in results:
+        c = classes.setdefault(r.request.cls, _Class())
+        for into in (c, every):
+            into.requests += 1
+        longest_prompt = max(longest_prompt, r.request.prompt_tokens)
+        if r.refused:
+            refused += 1
+            continue
+        assert r.ttft_s is not None and r.e2e_s is not None and r.queue_s is not None
+        end = max(end, r.request.arrival_s + r.e2e_s)
+        tokens += r.request.output_tokens
+        met = slo is not None and slo.met(r.ttft_s, r.tpot_s)
+        for into in (c, every):
+            into.ttft.add(r.ttft_s)
+            into.e2e.add(r.e2e_s)
+            into.queue.add(r.queue_s)
+            if r.tpot_s is not None:
+                into.tpot.add(r.tpot_s)
+            into.met += met
+    duration = max(end, 1e-9)
+    flags = _extrapolation(scenario, rate / capacity, longest_prompt, stats)
+    blocks = scenario.config.num_blocks
+    return Prediction(
+        rate=rate,
+        requests=every.requests,
+        refused=refused,
+        duration_s=duration,
+        ttft_s=every.ttft.figures(),
+        tpot_s=every.tpot.figures(),
+        itl_s=itl.figures(),
+        e2e_s=every.e2e.figures(),
+        queue_s=every.queue.figures(),
+        preemptions=stats.preemptions,
+        capacity_rps=capacity,
+        utilisation=rate / capacity,
+        output_tokens_per_s=tokens / duration,
+        slo_share=every.met / every.requests if slo is not None and every.requests else None,
+        goodput_rps=every.met / duration if slo is not None else None,
+        by_class=[
+            ClassPrediction(
+                name=name,
+                requests=c.requests,
+                ttft_s=c.ttft.figures(),
+                tpot_s=c.tpot.figures(),
+                e2e_s=c.e2e.figures(),
+                queue_s=c.queue.figures(),
+                slo_share=c.met / c.requests if slo is not None and c.requests else None,
+            )
+            for name, c in sorted(classes.items())
+        ]
+        if len(classes) > 1
+        else [],
+        timeline=[(t, used / blocks, waiting) for t, used, waiting in stats.timeline],
+        extrapolation=flags,
+        source=scenario.source,
+    )
+
+
+def _extrapolation(
+    scenario: Scenario, utilisation: float, longest_prompt: int, stats: EngineStats
+) -> list[str]:
+    flags = []
+    if utilisation > UTILISATION_FLAG:
+        flags.append(
+            f"utilisation {utilisation:.0%} (over {UTILISATION_FLAG:.0%}): queueing dominates "
+            "and small step-cost errors move the tail a lot"
+        )
+    top = scenario.calibrated_prompt
+    if top is not None and longest_prompt > top:
+        flags.append(f"prompts up to {longest_prompt:,} tokens; calibrated up to {top:,}")
+    if scenario.calibrated_batch is not None and stats.max_batch > scenario.calibrated_batch:
+        flags.append(
+            f"batches of up to {stats.max_batch} requests; calibrated up to "
+            f"{scenario.calibrated_batch}"
+        )
+    return flags
+
+
+class Interval(_Out):
+    """An 80 % interval on a p99, from runs with different seeds."""
+
+    low: float
+    high: float
+    seeds: int
+
+
+class RatePoint(_Out):
+    """One rate of a sweep: the first seed's prediction and the seeds' interval on p99s."""
+
+    prediction: Prediction
+    ttft_p99: Interval | None = None
+    e2e_p99: Interval | None = None
+
+
+# Fewer seeds than this give no interval: the 10th and 90th percentiles of two or three
+# values say little.
+MIN_SEEDS = 5
+
+
+def _interval(values: list[float | None]) -> Interval | None:
+    xs = [v for v in values if v is not None]
+    if len(xs) < MIN_SEEDS:
+        return None
+    lo, hi = np.quantile(xs, [0.1, 0.9])
+    return Interval(low=float(lo), high=float(hi), seeds=len(xs))
+
+
+def sweep(scenario: Scenario, rates: list[float], seeds: int = 1) -> list[RatePoint]:
+    """Predictions at each rate; with several seeds, an 80 % interval on p99 TTFT and E2E."""
+    points = []
+    capacity = capacity_rps(scenario)
+    for rate in rates:
+        runs = [predict(scenario, rate, seed, capacity) for seed in range(max(seeds, 1))]
+        points.append(
+            RatePoint(
+                prediction=runs[0],
+                ttft_p99=_interval([p.ttft_s.p99 for p in runs]),
+                e2e_p99=_interval([p.e2e_s.p99 for p in runs]),
+            )
+        )
+    return points
+
+
+def meets(prediction: Prediction, slo: SloBounds) -> bool:
+    """Whether the SLO's share of requests was inside both bounds."""
+    return prediction.slo_share is not None and prediction.slo_share >= slo.share
+
+
+def max_rate(scenario: Scenario, tolerance: float = 0.02) -> float | None:
+    """The highest rate (requests/s) whose prediction meets the scenario's SLO, to within
+    `tolerance` (relative); None when even 1 % of the engine's capacity misses it. The same
+    seed at every rate, so that the rates are compared on the same traffic; the search lies
+    between 1 % and 110 % of the capacity (past it the queue only grows)."""
+    slo = scenario.slo
+    if slo is None:
+        raise InvalidInput("the highest rate needs an SLO (ttft_s, tpot_s and a share)")
+    capacity = capacity_rps(scenario)
+
+    def ok(rate: float) -> bool:
+        return meets(predict(scenario, rate, 0, capacity), slo)
+
+    good, bad = capacity * 0.01, capacity * 1.1
+    if not ok(good):
+        return None
+    if ok(bad):
+        return bad
+    while bad / good > 1 + tolerance:
+        mid = math.sqrt(good * bad)
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
