@@ -65,14 +65,16 @@ class Sketch:
             self.add_many(values)
 
     def quantile(self, q: float) -> float | None:
-        """The q-quantile (0-1): the geometric middle of the bucket that holds it."""
+        """The q-quantile (0-1): the geometric middle of the bucket that holds it (0 for
+        values under a microsecond)."""
         self.flush()
         if not self.n:
             return None
         i = int(np.searchsorted(np.cumsum(self.counts), q * self.n, side="left"))
-        lo = _EDGES[i - 1] if i > 0 else 0.0
+        if i == 0:
+            return 0.0
         hi = _EDGES[min(i, len(_EDGES) - 1)]
-        return min(float(math.sqrt(lo * hi)) if lo > 0 else float(hi), self.max)
+        return min(float(math.sqrt(_EDGES[i - 1] * hi)), self.max)
 
     def figures(self) -> Figures:
         self.flush()

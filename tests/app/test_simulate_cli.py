@@ -1,0 +1,61 @@
+"""`kvscope simulate`: the latency probe's JSON shape, a rate sweep, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.cli import kvscope
+
+BASE = ("simulate", "-m", "llama-3.1-8b", "-g", "l4", "--set", "max_model_len=8192")
+
+
+def run_json(*args: str) -> dict[str, Any]:
+    result = kvscope(*BASE, *args, "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_one_rate_prints_the_latency_probes_shape_and_the_highest_rate() -> None:
+    doc = run_json(
+        "--rate", "2", "--profile", "chat", "--set", "num_requests=300",
+        "--slo-ttft", "0.5", "--slo-tpot", "0.1",
+    )  # fmt: skip
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s"):
+        assert set(doc[key]) >= {"p50", "p95", "p99"}
+        assert 0 < doc[key]["p50"] <= doc[key]["p99"] or key == "queue_s"
+    assert doc["source"] == "roofline" and doc["requests"] == 300
+    assert isinstance(doc["preemptions"], int) and doc["max_rate"] > 0
+    assert doc["slo_share"] is not None and doc["kv_blocks"] > 0
+
+
+def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
+    doc = run_json(
+        "--sweep-rate", "1:9:3", "--set", "num_requests=300", "--set", "output_tokens=64"
+    )
+    rates = [p["rate"] for p in doc["points"]]
+    assert rates == [1.0, 5.0, 9.0]
+    p99 = [p["ttft_s"]["p99"] for p in doc["points"]]
+    assert p99[0] < p99[-1] and doc["max_rate"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--rate", "1", "--set", "colour=red"), "unknown setting 'colour'"),
+        (("--rate", "1", "--set", "max_num_seqs=lots"), "max_num_seqs"),
+        (("--rate", "0"), "above 0"),
+        (("--sweep-rate", "1,x"), "cannot read '1,x' as rates"),
+        ((), "--rate R or --sweep-rate"),
+        (("--rate", "1", "--slo-ttft", "0.5"), "--slo-tpot"),
+        (("--rate", "1", "--profile", "{bad"), "not valid JSON"),
+        (("--rate", "1", "--profile", "nope"), "nope"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
+    result = kvscope(*BASE, *args)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
