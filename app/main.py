@@ -24,6 +24,7 @@ from app.views import (
     slos,
     tail,
     targets,
+    whatif,
 )
 from storage.access import Action, allowed
 
@@ -48,6 +49,7 @@ pages = {
     ],
     "Plan": [
         st.Page(error_boundary(planner.render), title="Planner", url_path="planner"),
+        st.Page(error_boundary(whatif.render), title="What-if", url_path="whatif"),
         st.Page(error_boundary(slos.render), title="SLOs", url_path="slos"),
         st.Page(error_boundary(cost.render), title="Cost", url_path="cost"),
     ],

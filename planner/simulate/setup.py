@@ -140,3 +140,21 @@ def scenario(
         ),
         plan,
     )
+
+
+# Second settings to set beside the first: what changes, and how many replicas share the
+# traffic (one more GPU serving a second replica halves each one's rate).
+VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
+    "chunked prefill off": ({"enable_chunked_prefill": False}, 1),
+    "FP8 KV cache": ({"kv_cache_dtype": "fp8"}, 1),
+    "one more GPU (two replicas)": ({}, 2),
+}
+
+
+def variant(settings: Settings, name: str) -> tuple[Settings, int]:
+    """The settings of a named variant and the replicas that share the traffic."""
+    try:
+        update, replicas = VARIANTS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}") from None
+    return settings.model_copy(update=update), replicas

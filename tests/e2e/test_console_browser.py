@@ -24,6 +24,7 @@ PAGES = {
     "tail": ("tail", 6, 1),
     "targets": ("targets", 0, 1),
     "planner": ("planner", 6, 1),
+    "whatif": ("whatif", 2, 1),
     "engine": ("engine", 0, 1),
     "probes": ("probes", 0, 0),
     "slos": ("slos", 0, 1),

@@ -20,7 +20,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.engine
 
 PAGES = (
-    "overview", "live", "tail", "probes", "alerts", "planner", "slos", "cost", "engine",
+    "overview", "live", "tail", "probes", "alerts", "planner", "whatif", "slos", "cost", "engine",
     "targets", "audit",
 )  # fmt: skip
 

@@ -1,0 +1,63 @@
+"""The What-if page under AppTest, and its chart builders without Streamlit."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from app.charts import whatif as charts
+from planner.simulate import EngineConfig, StepCost
+from planner.simulate.whatif import Scenario, sweep
+from planner.workload import get_profile
+
+
+def _page() -> None:
+    from app.common import error_boundary
+    from app.views.whatif import render
+
+    error_boundary(render)()  # as app/main.py renders every page
+
+
+def _run(**choices: object) -> AppTest:
+    at = AppTest.from_function(_page, default_timeout=120)
+    at.run()
+    for key, value in choices.items():
+        widgets = [w for w in at.selectbox if w.key == f"whatif_{key}"]
+        widget = widgets[0] if widgets else at.number_input(key=f"whatif_{key}")
+        widget.set_value(value)
+        at.run()
+    return at
+
+
+def test_the_default_page_predicts_a_curve_its_highest_rate_and_its_source() -> None:
+    at = _run(requests=300, count=4)
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 2 and len(at.dataframe) == 1
+    (best,) = [m for m in at.metric if m.label.startswith("Highest rate")]
+    assert best.value.endswith("req/s") and best.proto.help
+    assert any("roofline" in c.value and "uncalibrated" in c.value for c in at.caption)
+    assert "kvscope simulate -m llama-3.1-8b -g h100-sxm" in at.code[0].value
+
+
+def test_a_second_setting_sits_beside_the_first() -> None:
+    at = _run(
+        requests=300, count=3, variant="FP8 KV cache", model="llama-3.1-8b", gpu="NVIDIA L4 24GB"
+    )
+    assert not at.exception and not at.error
+    labels = sorted(m.label for m in at.metric)
+    assert labels == [
+        "Highest rate meeting the SLO (FP8 KV cache)",
+        "Highest rate meeting the SLO (as set)",
+    ]
+    assert len(at.dataframe[0].value) == 6  # three rates for each setting
+
+
+def test_the_tail_chart_draws_p50_p99_the_band_and_the_slo() -> None:
+    config = EngineConfig(num_blocks=4096, max_num_seqs=64, max_num_batched_tokens=2048)
+    cost = StepCost(0.002, 0.010, 2e-7, 2e-5)
+    points = sweep(Scenario(config, cost, get_profile("chat"), 200), [1.0, 5.0], seeds=5)
+    fig = charts.tail_figure({"a": points}, slo_ttft_s=0.5)
+    names = [t.name for t in fig.data]
+    assert names == ["a: p99 80% band", "a: TTFT p99", "a: TTFT p50"]
+    assert fig.layout.shapes[0].y0 == 500  # the SLO line, in ms
+    kv = charts.kv_figure({"a": points[0].prediction})
+    assert max(kv.data[0].y) <= 100 and len(kv.data) == 2
