@@ -33,7 +33,7 @@ from app.cli.plan import plan as plan_command
 from app.cli.probe import probe_app, profile_app
 from app.cli.processes import console, up, worker
 from app.cli.scrape import scrape as scrape_command
-from app.cli.simulate import simulate as simulate_command
+from app.cli.simulate import simulate_app
 from app.cli.targets import target_app
 from app.cli.users import users_app
 from planner.errors import KvscopeError
@@ -54,8 +54,8 @@ app.add_typer(profile_app, name="profile")
 app.add_typer(export_app, name="export")
 app.add_typer(users_app, name="users")
 app.add_typer(audit_app, name="audit")
+app.add_typer(simulate_app, name="simulate")
 app.command("plan")(plan_command)
-app.command("simulate")(simulate_command)
 app.command("scrape")(scrape_command)
 app.command("diagnose")(diagnose_command)
 app.command("worker")(worker)

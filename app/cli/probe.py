@@ -97,6 +97,23 @@ def run_cli_probe(
     token_env: str | None = None,
 ) -> None:
     """Validate, store a running row, run with a progress bar, store and print the outcome."""
+    _, summary = run_local_probe(kind, target, data, model=model, sets=sets, token_env=token_env)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary)
+
+
+def run_local_probe(
+    kind: AnyKind,
+    target: str,
+    data: dict[str, Any],
+    *,
+    model: str | None = None,
+    sets: list[str] | None = None,
+    token_env: str | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """Run a probe in this process, stored like one the worker ran; its run id and summary."""
     from probes.engine.spec import address
     from probes.kinds import StoredRun
     from probes.kinds.context import stored
@@ -150,10 +167,7 @@ def run_cli_probe(
     q.update_run(store, run.id, status=status, progress=1.0, summary=summary)
     store.dispose()
     sys.stderr.write(f"\n{kind.name} run {run.id}: {status}\n")
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        print_summary(summary)
+    return run.id, summary
 
 
 # --- one command per kind, built from its declaration ----------------------------------

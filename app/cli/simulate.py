@@ -1,21 +1,35 @@
-"""`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it.
+"""`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it;
+`kvscope simulate calibrate --target NAME`: fit the step cost to an engine kvscope manages.
 
-A Typer command function; app/cli/__init__.py registers it as the `simulate` command. The
-scenario comes from `planner.simulate.setup` (the same one the What-if page builds).
+A Typer group whose callback simulates when no subcommand is given; app/cli/__init__.py
+registers it as `simulate`. Scenarios come from `planner.simulate.setup` (the same ones the
+What-if page builds); a calibration is stored per target and reused by `--target`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 
+from app.cli._shared import settings
+from app.cli.probe import run_local_probe
 from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_model
-from planner.simulate.setup import SETTING_NAMES, parse_settings, scenario
+from planner.simulate.calibrate import (
+    CALIBRATION_KEY,
+    PREFILL_PARAMS,
+    SWEEP_PARAMS,
+    Calibration,
+    decode_samples,
+    fit,
+    prefill_samples,
+)
+from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
 
 
@@ -66,11 +80,25 @@ _SET_HELP = (
 )
 
 
+simulate_app = typer.Typer(
+    help="Predict a vLLM engine's tail (TTFT, TPOT, ITL, E2E, queue) at request rates.",
+    invoke_without_command=True,
+)
+
+
+@simulate_app.callback(invoke_without_command=True)
 def simulate(
-    model: str = typer.Option(
-        ..., "--model", "-m", help="Preset name (e.g. llama-3.1-8b) or path to a config.json."
+    ctx: typer.Context,
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Preset name (e.g. llama-3.1-8b) or path to a config.json."
     ),
-    gpu: str = typer.Option(..., "--gpu", "-g", help="Catalog GPU (e.g. h100-sxm)."),
+    gpu: str | None = typer.Option(None, "--gpu", "-g", help="Catalog GPU (e.g. h100-sxm)."),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="A target calibrated with `kvscope simulate calibrate`: its fitted step cost "
+        "and engine settings instead of a model, a GPU and a roofline.",
+    ),
     rate: float | None = typer.Option(None, "--rate", "-r", help="Requests per second."),
     sweep_rate: str | None = typer.Option(
         None, "--sweep-rate", help="Several rates: 1,2,5 or START:STOP:COUNT (a curve)."
@@ -94,6 +122,10 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Predict TTFT, TPOT, ITL, E2E and queue time of a vLLM engine you do not have yet."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if (target is None) == (model is None or gpu is None):
+        raise InvalidInput("give --model and --gpu (a roofline), or --target (a calibration)")
     if (rate is None) == (sweep_rate is None):
         raise InvalidInput("give --rate R or --sweep-rate RATES (one of them)")
     rates = [rate] if rate is not None else parse_rates(sweep_rate or "")
@@ -111,7 +143,14 @@ def simulate(
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"--profile is not valid JSON: {exc.msg}") from exc
     settings = parse_settings(set_ or ())
-    what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)
+    if target is not None:
+        what = calibrated_scenario(_stored_calibration(target), settings, loaded, slo)
+        title, accounting = f"target {target} (calibrated)", None
+    else:
+        assert model is not None and gpu is not None
+        what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)
+        title = f"{plan.request.model.name} on {settings.tensor_parallel_size} x {gpu}"
+        accounting = plan.accounting.label if plan.accounting else None
     points = sweep(what, rates, seeds)
     best = max_rate(what) if slo is not None else None
     if as_json:
@@ -121,20 +160,18 @@ def simulate(
             "max_rate": best,
             "source": what.source,
             "kv_blocks": what.config.num_blocks,
-            "vllm_accounting": plan.accounting.label if plan.accounting else None,
+            "vllm_accounting": accounting,
         }
         typer.echo(json.dumps(out, indent=2))
         return
-    typer.echo(
-        f"{plan.request.model.name} on {settings.tensor_parallel_size} x {plan.request.gpu.name}"
-        if plan.request.gpu
-        else plan.request.model.name
-    )
+    typer.echo(title)
+    source = what.source
+    if source == "roofline":
+        source += " (uncalibrated: assumed efficiencies, see docs/simulator.md)"
     typer.echo(
         f"{what.config.num_blocks:,} KV blocks of {what.config.block_size} tokens, "
         f"max_num_seqs {what.config.max_num_seqs}, max_num_batched_tokens "
-        f"{what.config.max_num_batched_tokens:,}; step cost: {what.source} (uncalibrated: "
-        "assumed efficiencies, see docs/simulator.md)"
+        f"{what.config.max_num_batched_tokens:,}; step cost: {source}"
     )
     typer.echo(f"{what.requests:,} requests per run; times in ms")
     for point in points:
@@ -148,3 +185,67 @@ def simulate(
             if best is not None
             else "no rate meets the SLO (even 1% of the engine's capacity misses it)"
         )
+
+
+def _stored_calibration(target: str) -> Calibration:
+    from storage import queries as q
+    from storage.db import open_store
+
+    store = open_store(settings().db_url)
+    try:
+        q.get_target(store, target)  # an unknown name: NotFound, one line
+        found = q.get_state(store, CALIBRATION_KEY.format(target))
+    finally:
+        store.dispose()
+    if found is None:
+        raise InvalidInput(
+            f"target {target} has no calibration yet: run kvscope simulate calibrate "
+            f"--target {target}"
+        )
+    return Calibration.model_validate(found[0])
+
+
+@simulate_app.command("calibrate")
+def calibrate(
+    target: str = typer.Option(..., "--target", help="A managed engine's target name."),
+    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
+) -> None:
+    """Measure a managed engine (a batch sweep and lone requests of three prompt lengths, a
+    few minutes) and fit the simulator's step cost to it; stored for `--target`."""
+    from probes.engine.spec import engine_config, parse_spec
+    from probes.kinds import KINDS
+    from storage import queries as q
+    from storage.db import open_store
+
+    config = settings()
+    store = open_store(config.db_url)
+    try:
+        known = q.get_target(store, target)
+        if not known.managed:
+            raise InvalidInput(
+                f"target {target} is not an engine kvscope manages: calibration reads the KV "
+                "blocks and scheduling limits from a managed engine's spec"
+            )
+        started = q.get_started_spec(store, known.name)
+        spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
+        engine = engine_config(spec, config.data_dir)
+        _, sweep_summary = run_local_probe(KINDS["batch_sweep"], target, dict(SWEEP_PARAMS))
+        run_id, _ = run_local_probe(KINDS["latency"], target, dict(PREFILL_PARAMS))
+        frame = q.run_records(store, run_id)
+        fitted = fit(
+            decode_samples(sweep_summary),
+            prefill_samples(zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)),
+            engine,
+        ).model_copy(update={"target": target, "fitted_at": time.time()})
+        q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
+    finally:
+        store.dispose()
+    if as_json:
+        typer.echo(fitted.model_dump_json(indent=2))
+        return
+    typer.echo(fitted.describe())
+    typer.echo(
+        f"step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a token "
+        f"+ {fitted.kv_token_s * 1e9:.2f} ns a KV token attended; API {fitted.api_s * 1000:.2f}"
+        " ms a request"
+    )

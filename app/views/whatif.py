@@ -11,11 +11,14 @@ import json
 
 import numpy as np
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
+from app import common
 from app.charts import whatif as charts
 from planner.gpus import catalog, get_gpu
 from planner.models import load_preset, preset_names
-from planner.simulate.setup import VARIANTS, Settings, scenario, variant
+from planner.simulate.calibrate import CALIBRATION_KEY, Calibration
+from planner.simulate.setup import VARIANTS, Settings, calibrated_scenario, scenario, variant
 from planner.simulate.whatif import RatePoint, SloBounds, max_rate, sweep
 from planner.workload import PRESETS
 
@@ -28,10 +31,24 @@ SOURCE_NOTE = (
 )
 
 
+ROOFLINE = "roofline (a model on a catalog GPU)"
+CALIBRATED = "calibrated on {}"
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _calibrations(url: str) -> dict[str, str]:
+    """Stored calibrations by target name, as JSON."""
+    from storage import queries as q
+
+    found = q.states_under(common.store(), CALIBRATION_KEY.format(""))
+    return {name: Calibration.model_validate(doc).model_dump_json() for name, doc in found.items()}
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def _curve(
     model: str,
     gpu: str,
+    calibration_json: str,
     settings_json: str,
     profile: str,
     slo: tuple[float, float, float],
@@ -39,16 +56,49 @@ def _curve(
     seeds: int,
     replicas: int,
 ) -> tuple[list[RatePoint], float | None, int]:
-    """Points (rates as the whole traffic), the highest rate meeting the SLO, KV blocks."""
+    """Points (rates as the whole traffic), the highest rate meeting the SLO, KV blocks; from
+    a roofline of `model` on `gpu`, or from a stored calibration."""
     settings = Settings.model_validate_json(settings_json)
     bounds = SloBounds(ttft_s=slo[0], tpot_s=slo[1], share=slo[2])
-    what, _ = scenario(load_preset(model), get_gpu(gpu), settings, profile, bounds)
+    if calibration_json:
+        calibration = Calibration.model_validate_json(calibration_json)
+        what = calibrated_scenario(calibration, settings, profile, bounds)
+    else:
+        what, _ = scenario(load_preset(model), get_gpu(gpu), settings, profile, bounds)
     points = sweep(what, [r / replicas for r in rates], seeds)
     for i, p in enumerate(points):
         whole = p.prediction.model_copy(update={"rate": p.prediction.rate * replicas})
         points[i] = p.model_copy(update={"prediction": whole})
     best = max_rate(what)
     return points, None if best is None else best * replicas, what.config.num_blocks
+
+
+def _profile(column: DeltaGenerator) -> str:
+    choice = column.selectbox(
+        "Traffic", list(PRESETS), index=list(PRESETS).index("chat"), key=KEY + "profile",
+        help="The probes' workload profiles: the same lengths a latency probe would send.",
+    )  # fmt: skip
+    return str(choice)
+
+
+def _calibrated_settings() -> tuple[Settings, str]:
+    """What a calibrated engine lets change: its scheduling, and the traffic."""
+    c = st.columns(3)
+    profile = _profile(c[0])
+    seqs = c[1].number_input(
+        "max_num_seqs (0 = the engine's)", 0, 4096, 0, key=KEY + "cal_seqs",
+        help="The calibrated engine's own limit when 0.",
+    )  # fmt: skip
+    threshold = c[2].number_input(
+        "Long-prefill cap (0 = the engine's)", 0, 65536, 0, key=KEY + "cal_threshold",
+        help="vLLM's --long-prefill-token-threshold.",
+    )  # fmt: skip
+    given: dict[str, object] = {}
+    if seqs:
+        given["max_num_seqs"] = int(seqs)
+    if threshold:
+        given["long_prefill_token_threshold"] = int(threshold)
+    return Settings.model_validate(given), profile
 
 
 def _settings() -> tuple[Settings, str, str, str]:
@@ -63,10 +113,7 @@ def _settings() -> tuple[Settings, str, str, str]:
         "GPU", list(gpus), index=list(gpus.values()).index("h100-sxm"), key=KEY + "gpu",
         help="Catalog GPUs with bandwidth and peak figures (the roofline needs both).",
     )  # fmt: skip
-    profile = top[2].selectbox(
-        "Traffic", list(PRESETS), index=list(PRESETS).index("chat"), key=KEY + "profile",
-        help="The probes' workload profiles: the same lengths a latency probe would send.",
-    )  # fmt: skip
+    profile = _profile(top[2])
     c = st.columns(4)
     tp = c[0].number_input("Tensor parallel", 1, 8, 1, key=KEY + "tp")
     kv = c[1].selectbox("KV dtype", ["auto", "fp8"], key=KEY + "kv")
@@ -109,13 +156,29 @@ def render() -> None:
         "counted by the planner, preemption by recompute): predicted TTFT, TPOT and E2E at "
         "each rate, for hardware you do not have yet."
     )
-    settings, model, gpu, profile = _settings()
+    calibrations = _calibrations(common.db_url())
+    sources = [ROOFLINE, *(CALIBRATED.format(name) for name in calibrations)]
+    source = st.selectbox(
+        "Step cost", sources, key=KEY + "source",
+        help="A roofline from datasheet figures, or a step cost fitted to an engine kvscope "
+        "measured (kvscope simulate calibrate --target NAME).",
+    )  # fmt: skip
+    calibration = target = ""
+    variants = list(VARIANTS)
+    if source == ROOFLINE:
+        settings, model, gpu, profile = _settings()
+    else:
+        target = list(calibrations)[sources.index(source) - 1]
+        calibration = calibrations[target]
+        settings, profile = _calibrated_settings()
+        model, gpu = "", ""
+        variants = [v for v in variants if v != "FP8 KV cache"]  # the cost was measured
     c = st.columns(4)
     ttft = c[0].number_input("SLO: TTFT bound (s)", 0.01, 60.0, 0.5, key=KEY + "ttft")
     tpot = c[1].number_input("SLO: TPOT bound (s)", 0.001, 5.0, 0.05, key=KEY + "tpot")
     share = c[2].number_input("SLO: share inside", 0.5, 1.0, 0.99, key=KEY + "share")
     other = c[3].selectbox(
-        "Beside it", [NONE, *VARIANTS], key=KEY + "variant",
+        "Beside it", [NONE, *variants], key=KEY + "variant",
         help="A second setting, simulated on the same traffic.",
     )  # fmt: skip
     c = st.columns(4)
@@ -143,8 +206,9 @@ def render() -> None:
     with st.spinner("Simulating…"):
         for label, (s, replicas) in arms.items():
             curves[label], best[label], blocks[label] = _curve(
-                model, gpu, s.model_dump_json(), profile, slo, rates, int(seeds), replicas
-            )
+                model, gpu, calibration, s.model_dump_json(exclude_unset=True), profile, slo,
+                rates, int(seeds), replicas,
+            )  # fmt: skip
     cols = st.columns(len(arms))
     for col, label in zip(cols, arms, strict=True):
         rate = best[label]
@@ -184,14 +248,20 @@ def render() -> None:
         ],
         hide_index=True,
     )
-    st.caption(SOURCE_NOTE)
+    if calibration:
+        cal = Calibration.model_validate_json(calibration)
+        st.caption(f"Step cost: {cal.describe()}. Past those, a prediction is an extrapolation.")
+    else:
+        st.caption(SOURCE_NOTE)
     with st.expander("The same from a shell"):
         sets = " ".join(
             f"--set {k}={json.dumps(v) if isinstance(v, str) else v}"
-            for k, v in settings.model_dump(exclude_defaults=True).items()
+            for k, v in settings.model_dump(exclude_unset=True, exclude_defaults=True).items()
         )
         st.code(
-            f"kvscope simulate -m {model} -g {gpu} --profile {profile} --sweep-rate "
+            "kvscope simulate "
+            + (f"--target {target} " if target else f"-m {model} -g {gpu} ")
+            + f"--profile {profile} --sweep-rate "
             f"{low:g}:{high:g}:{int(count)} --slo-ttft {ttft:g} --slo-tpot {tpot:g} "
             f"--slo-share {share:g} --seeds {int(seeds)} {sets} --json",
             language="bash",

@@ -72,16 +72,20 @@ class EngineConfig:
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """Seconds per engine step: a fixed overhead plus the slower of reading memory (the
-    weights once, the KV of every token attended) and computing (per token scheduled)."""
+    weights once, the KV of every token attended) and computing (per token scheduled), or
+    with `additive` their sum (a calibrated fit: on a CPU, neither hides the other)."""
 
     overhead_s: float
     weights_read_s: float
     kv_token_read_s: float
     token_compute_s: float
+    additive: bool = False
 
     def step_s(self, tokens: int, kv_tokens: int) -> float:
         """One step that schedules `tokens` and attends over `kv_tokens` cached tokens."""
         memory = self.weights_read_s + kv_tokens * self.kv_token_read_s
+        if self.additive:
+            return self.overhead_s + memory + tokens * self.token_compute_s
         return self.overhead_s + max(memory, tokens * self.token_compute_s)
 
     def decode_steps_s(self, seqs: int, kv_tokens: int, steps: int) -> np.ndarray:
@@ -89,8 +93,12 @@ class StepCost:
         before the first (each step adds one per sequence): `step_s` of each, as an array."""
         kv = kv_tokens + seqs * np.arange(1, steps + 1, dtype=np.int64)
         memory = self.weights_read_s + kv * self.kv_token_read_s
-        steps_s: np.ndarray = self.overhead_s + np.maximum(memory, seqs * self.token_compute_s)
-        return steps_s
+        compute = seqs * self.token_compute_s
+        if self.additive:
+            summed: np.ndarray = self.overhead_s + memory + compute
+            return summed
+        slower: np.ndarray = self.overhead_s + np.maximum(memory, compute)
+        return slower
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
 from planner.errors import InvalidInput, validation_message
 from planner.gpus import GPUSpec
 from planner.models import ModelArch
+from planner.simulate.calibrate import Calibration
 from planner.simulate.engine import EngineConfig
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.whatif import Scenario, SloBounds
@@ -38,6 +39,7 @@ class Settings(BaseModel):
     block_size: int | None = Field(None, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
     vllm_version: str | None = None
+    num_gpu_blocks_override: int | None = Field(None, ge=2)
     # The traffic.
     prompt_tokens: int | None = Field(None, ge=1)
     output_tokens: int | None = Field(None, ge=1)
@@ -114,12 +116,15 @@ def scenario(
             f"{model.name} leaves no KV cache on {settings.tensor_parallel_size} x {gpu.name}: "
             f"{why} (see kvscope plan)"
         )
+    blocks = plan.usable_blocks
+    if settings.num_gpu_blocks_override is not None:
+        blocks = settings.num_gpu_blocks_override - 1  # vLLM's null block
     batched = plan.max_num_batched_tokens
     if not settings.enable_chunked_prefill:
         # vLLM raises the budget to max_model_len without chunked prefill.
         batched = max(batched, plan.max_model_len)
     config = EngineConfig(
-        num_blocks=plan.usable_blocks,
+        num_blocks=blocks,
         block_size=plan.block_size,
         max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=batched,
@@ -158,3 +163,56 @@ def variant(settings: Settings, name: str) -> tuple[Settings, int]:
     except KeyError:
         raise InvalidInput(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}") from None
     return settings.model_copy(update=update), replicas
+
+
+# What a calibrated engine's --set may change: its scheduling, and its block count. The rest
+# (dtype, memory, parallelism) changes the step cost the calibration measured.
+SCHEDULING = {
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "enable_chunked_prefill": "chunked_prefill",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "max_model_len": "max_model_len",
+}
+TRAFFIC = {"prompt_tokens", "output_tokens", "num_requests", "arrival", "cv"}
+
+
+def calibrated_scenario(
+    calibration: Calibration,
+    settings: Settings,
+    profile: str | Mapping[str, Any] | None = None,
+    slo: SloBounds | None = None,
+) -> Scenario:
+    """The scenario of an engine kvscope calibrated: its fitted step cost and its settings,
+    with scheduling limits and the block count changed where `settings` sets them."""
+    given = settings.model_fields_set
+    fixed = given - set(SCHEDULING) - TRAFFIC - {"num_gpu_blocks_override"}
+    if fixed:
+        raise InvalidInput(
+            f"a calibrated engine's {', '.join(sorted(fixed))} cannot change: the step cost "
+            "was measured with them; calibrate an engine that runs with the new values"
+        )
+    engine = dict(calibration.engine)
+    for name, field in SCHEDULING.items():
+        if name in given:
+            engine[field] = getattr(settings, name)
+    if settings.num_gpu_blocks_override is not None:
+        engine["num_blocks"] = settings.num_gpu_blocks_override - 1
+    if not engine["chunked_prefill"]:
+        engine["max_num_batched_tokens"] = max(
+            int(engine["max_num_batched_tokens"]), int(engine["max_model_len"])
+        )
+    return Scenario(
+        config=EngineConfig(**engine),  # type: ignore[arg-type]
+        cost=calibration.cost(),
+        profile=workload(settings, profile),
+        requests=settings.num_requests,
+        arrival=settings.arrival,
+        cv=settings.cv,
+        slo=slo,
+        source=calibration.describe(),
+        api_s=calibration.api_s,
+        residuals=(calibration.residual_low, calibration.residual_high),
+        calibrated_prompt=calibration.max_prompt,
+        calibrated_batch=calibration.max_batch,
+    )

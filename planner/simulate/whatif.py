@@ -10,7 +10,7 @@ times a run.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +163,10 @@ class Scenario:
     cv: float = 1.0
     slo: SloBounds | None = None
     source: str = "roofline"
+    # The API's own time (HTTP, tokenising), added once to TTFT and E2E (a calibrated fit).
+    api_s: float = 0.0
+    # A calibration's relative fit error (10th, 90th percentile): widens the seeds' interval.
+    residuals: tuple[float, float] | None = None
     # Flag predictions past the longest prompt and the largest batch a calibrated cost was
     # fitted on; None for a roofline, which has no range.
     calibrated_prompt: int | None = None
@@ -190,6 +194,16 @@ def traffic(
         component = shape.tags.get("component")
         cls = shape_class(str(component) if component else None, shape.prompt_tokens)
         yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls)
+
+
+def replay(rows: Iterable[tuple[float, int, int, str]]) -> list[SimRequest]:
+    """Stored requests (send time, prompt tokens, output tokens, class) as traffic: in
+    order, the first at 0."""
+    ordered = sorted(rows)
+    if not ordered:
+        raise InvalidInput("there are no requests to replay")
+    start = ordered[0][0]
+    return [SimRequest(t - start, p, o, cls) for t, p, o, cls in ordered]
 
 
 @dataclass
@@ -221,13 +235,19 @@ def capacity_rps(scenario: Scenario) -> float:
 
 
 def predict(
-    scenario: Scenario, rate: float, seed: int = 0, capacity: float | None = None
+    scenario: Scenario,
+    rate: float,
+    seed: int = 0,
+    capacity: float | None = None,
+    requests: Sequence[SimRequest] | None = None,
 ) -> Prediction:
-    """One simulated run of `scenario.requests` requests at `rate` requests/s. `capacity`
-    (requests/s, from `capacity_rps`) can be passed in when several rates share it."""
+    """One simulated run of `scenario.requests` requests at `rate` requests/s, or of the
+    given `requests` (a replay; `rate` then only labels it). `capacity` (requests/s, from
+    `capacity_rps`) can be passed in when several rates share it."""
     arrival = scenario.arrivals(rate)
     capacity = capacity if capacity is not None else capacity_rps(scenario)
-    expected_s = scenario.requests / rate
+    n = scenario.requests
+    expected_s = (requests[-1].arrival_s if requests else n / rate) or 1.0
     stats = EngineStats()
     itl = Sketch()
     classes: dict[str, _Class] = {}
@@ -237,7 +257,7 @@ def predict(
     slo = scenario.slo
     end = 0.0
     results = simulate(
-        traffic(scenario.profile, arrival, scenario.requests, seed),
+        requests if requests is not None else traffic(scenario.profile, arrival, n, seed),
         scenario.config,
         scenario.cost,
         stats,
@@ -253,12 +273,13 @@ def predict(
             refused += 1
             continue
         assert r.ttft_s is not None and r.e2e_s is not None and r.queue_s is not None
-        end = max(end, r.request.arrival_s + r.e2e_s)
+        ttft, e2e = r.ttft_s + scenario.api_s, r.e2e_s + scenario.api_s
+        end = max(end, r.request.arrival_s + e2e)
         tokens += r.request.output_tokens
-        met = slo is not None and slo.met(r.ttft_s, r.tpot_s)
+        met = slo is not None and slo.met(ttft, r.tpot_s)
         for into in (c, every):
-            into.ttft.add(r.ttft_s)
-            into.e2e.add(r.e2e_s)
+            into.ttft.add(ttft)
+            into.e2e.add(e2e)
             into.queue.add(r.queue_s)
             if r.tpot_s is not None:
                 into.tpot.add(r.tpot_s)
@@ -343,11 +364,14 @@ class RatePoint(_Out):
 MIN_SEEDS = 5
 
 
-def _interval(values: list[float | None]) -> Interval | None:
+def _interval(values: list[float | None], residuals: tuple[float, float] | None) -> Interval | None:
+    """The seeds' 10th-90th percentiles, widened by a calibration's fit error."""
     xs = [v for v in values if v is not None]
     if len(xs) < MIN_SEEDS:
         return None
     lo, hi = np.quantile(xs, [0.1, 0.9])
+    if residuals is not None:
+        lo, hi = lo * (1 + min(residuals[0], 0.0)), hi * (1 + max(residuals[1], 0.0))
     return Interval(low=float(lo), high=float(hi), seeds=len(xs))
 
 
@@ -360,8 +384,8 @@ def sweep(scenario: Scenario, rates: list[float], seeds: int = 1) -> list[RatePo
         points.append(
             RatePoint(
                 prediction=runs[0],
-                ttft_p99=_interval([p.ttft_s.p99 for p in runs]),
-                e2e_p99=_interval([p.e2e_s.p99 for p in runs]),
+                ttft_p99=_interval([p.ttft_s.p99 for p in runs], scenario.residuals),
+                e2e_p99=_interval([p.e2e_s.p99 for p in runs], scenario.residuals),
             )
         )
     return points

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import EngineError, InvalidInput, NotFound, validation_message
+from planner.kv import vllm_kv_cache
+from planner.models import from_config_file
+from planner.simulate.engine import EngineConfig
 from probes.engine.allowlists import (
     ENV_NAME_RE,
     TOKEN_ENV_RE,
@@ -37,6 +40,7 @@ from probes.engine.allowlists import (
 )
 from probes.engine.venv.tinymodel import TinyParams, command, is_complete
 from probes.vllm.client import Target
+from probes.vllm.logparse import read_startup
 from storage.access.audit import MASK, is_secret_key, mask
 from storage.outbound import LOOPBACK_ONLY, Allowlist
 from storage.schemas import NAME_RE, TargetRow
@@ -470,3 +474,40 @@ def address(store: Engine, target: TargetRow, allow: Allowlist) -> Target:
         else:
             return spec.target
     return Target.resolve(target.base_url, target.token_env, allow=allow)
+
+
+def engine_config(spec: EngineSpec, data_dir: Path) -> EngineConfig:
+    """The simulator's view of a managed engine: its KV blocks as the planner counts them
+    from the spec (less vLLM's null block), and its scheduling limits from the spec or,
+    where the spec leaves vLLM's defaults, from the engine's own startup log."""
+    if not spec.kv_cache_memory_bytes and not spec.num_gpu_blocks_override:
+        raise InvalidInput(
+            f"engine {spec.name} has no explicit KV size (kv_cache_memory_bytes or "
+            "num_gpu_blocks_override): the simulator cannot count its blocks"
+        )
+    layout = vllm_kv_cache(
+        from_config_file(Path(spec.model) / "config.json"),
+        spec.kv_cache_memory_bytes or 1,
+        spec.block_size,
+        kv_dtype=spec.kv_cache_dtype,
+        model_dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+    )
+    blocks = spec.num_gpu_blocks_override or layout.num_blocks
+    log = data_dir / "engines" / spec.name / "engine.log"
+    report = read_startup(log.read_text(errors="replace").splitlines()) if log.is_file() else None
+    seqs = spec.max_num_seqs or (report.max_num_seqs if report else None)
+    batched = spec.max_num_batched_tokens or (report.max_num_batched_tokens if report else None)
+    if seqs is None or batched is None:
+        raise InvalidInput(
+            f"engine {spec.name}: max_num_seqs and max_num_batched_tokens are neither in its "
+            "spec nor in its startup log; set them in the spec"
+        )
+    return EngineConfig(
+        num_blocks=blocks - 1,
+        block_size=layout.block_size,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        chunked_prefill=spec.enable_chunked_prefill is not False,
+        max_model_len=layout.max_model_len,
+    )

@@ -68,7 +68,7 @@ from storage.queries.schedules import (
     stored_profiles,
 )
 from storage.queries.series import count_samples, series_points
-from storage.queries.state import get_state, put_state
+from storage.queries.state import get_state, put_state, states_under
 from storage.queries.targets import (
     add_target,
     find_target_by_url,
@@ -146,6 +146,7 @@ __all__ = [
     "set_desired_state",
     "set_target_health",
     "start_run",
+    "states_under",
     "stored_profiles",
     "target_records",
     "touch_target",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from storage.db import session_factory, transaction
 from storage.tables import WorkerState
@@ -27,3 +27,11 @@ def get_state(store: Engine, key: str) -> tuple[dict[str, Any], float] | None:
     with session_factory(store)() as s:
         row = s.get(WorkerState, key)
         return (dict(row.value), row.updated_at) if row else None
+
+
+def states_under(store: Engine, prefix: str) -> dict[str, dict[str, Any]]:
+    """Every published fact whose key starts with `prefix`, by the rest of its key."""
+    with session_factory(store)() as s:
+        under = WorkerState.key.startswith(prefix, autoescape=True)
+        rows = s.scalars(select(WorkerState).where(under))
+        return {row.key[len(prefix) :]: dict(row.value) for row in rows}

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 
+from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from storage import queries as q
+from tests.planner.test_calibrate import CONFIG, samples
 from tests.support.cli import kvscope
 
 BASE = ("simulate", "-m", "llama-3.1-8b", "-g", "l4", "--set", "max_model_len=8192")
@@ -59,3 +64,26 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -
     result = kvscope(*BASE, *args)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
+    store: Engine, tmp_path: Path
+) -> None:
+    q.add_target(store, q.parse_target({"name": "cpu", "base_url": "http://127.0.0.1:1"}))
+    missing = kvscope("simulate", "--target", "cpu", "--rate", "1", env_dir=tmp_path)
+    assert missing.returncode == 2 and "kvscope simulate calibrate --target cpu" in missing.stderr
+    decodes, prefills = samples(noise=0.05)
+    cal = fit(decodes, prefills, CONFIG).model_copy(update={"target": "cpu"})
+    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    args = ("simulate", "--target", "cpu", "--rate", "2", "--set", "num_requests=200")
+    res = kvscope(*args, "--set", "max_num_seqs=4", "--json", env_dir=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["source"].startswith("calibrated on cpu from 10 measurements")
+    assert doc["kv_blocks"] == CONFIG.num_blocks and doc["ttft_s"]["p50"] > cal.api_s
+    refused = kvscope(*args, "--set", "kv_cache_dtype=fp8", env_dir=tmp_path)
+    assert refused.returncode == 2 and "kv_cache_dtype cannot change" in refused.stderr
+    both = kvscope(*args, "-m", "llama-3.1-8b", "-g", "l4", env_dir=tmp_path)
+    assert both.returncode == 2 and "--target" in both.stderr
+    unmanaged = kvscope("simulate", "calibrate", "--target", "cpu", env_dir=tmp_path)
+    assert unmanaged.returncode == 2 and "not an engine kvscope manages" in unmanaged.stderr

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
 from app.charts import whatif as charts
 from planner.simulate import EngineConfig, StepCost
+from planner.simulate.calibrate import CALIBRATION_KEY, fit
 from planner.simulate.whatif import Scenario, sweep
 from planner.workload import get_profile
+from storage import queries as q
+from storage.settings import Settings
+from tests.planner.test_calibrate import CONFIG, samples
+
+
+@pytest.fixture(autouse=True)
+def _own_store(settings: Settings) -> None:
+    """The page reads stored calibrations: from a store of the test's own."""
 
 
 def _page() -> None:
@@ -61,3 +72,17 @@ def test_the_tail_chart_draws_p50_p99_the_band_and_the_slo() -> None:
     assert fig.layout.shapes[0].y0 == 500  # the SLO line, in ms
     kv = charts.kv_figure({"a": points[0].prediction})
     assert max(kv.data[0].y) <= 100 and len(kv.data) == 2
+
+
+def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
+    decodes, prefills = samples(noise=0.05)
+    cal = fit(decodes, prefills, CONFIG).model_copy(update={"target": "cpu"})
+    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    at = _run(requests=200, count=3, low=5.0, high=40.0)
+    at.selectbox(key="whatif_source").set_value("calibrated on cpu")
+    at.run()
+    assert not at.exception and not at.error
+    assert any(c.value.startswith("Step cost: calibrated on cpu") for c in at.caption)
+    assert "kvscope simulate --target cpu" in at.code[0].value
+    # Its dtype was measured: FP8 KV is not offered beside it.
+    assert "FP8 KV cache" not in at.selectbox(key="whatif_variant").options

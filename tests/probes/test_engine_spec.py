@@ -13,6 +13,7 @@ from planner.errors import InvalidInput
 from probes.engine.spec import (
     ENTRY,
     embedded_spec,
+    engine_config,
     mask_command,
     parse_spec,
     preflight,
@@ -255,3 +256,42 @@ def test_secrets_are_masked_in_commands_and_differences() -> None:
         "env: {'HF_TOKEN': '••••'} → {}",
         "port: 1 → 2",
     ]
+
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 8192,
+    "torch_dtype": "float32",
+}  # fmt: skip
+
+
+def test_the_simulator_sees_a_managed_engine_as_the_planner_counts_it(tmp_path: Path) -> None:
+    base = _base(tmp_path)
+    (Path(str(base["model"])) / "config.json").write_text(json.dumps(TINY))
+    base |= {"dtype": "float32", "max_model_len": 4096}
+    spec = parse_spec(base | {"max_num_seqs": 8, "max_num_batched_tokens": 512})
+    config = engine_config(spec, tmp_path)
+    # 16 MiB of float32 KV at 2 layers x 2 KV heads x 64 dims (K and V): 2,048 bytes a
+    # token, 8,192 tokens, 256 blocks of 32; one is vLLM's null block.
+    assert (config.num_blocks, config.block_size) == (255, 32)
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (8, 512)
+    assert config.chunked_prefill and config.max_model_len == 4096
+    override = engine_config(spec.model_copy(update={"num_gpu_blocks_override": 200}), tmp_path)
+    assert override.num_blocks == 199
+    # Limits the spec leaves to vLLM come from the engine's own startup log.
+    log = tmp_path / "engines" / "e1" / "engine.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "INFO [arg_utils.py:1] Defaulting max_num_seqs to 128\n"
+        "INFO [scheduler.py:1] Chunked prefill is enabled with max_num_batched_tokens=4096.\n"
+    )
+    logged = engine_config(parse_spec(base), tmp_path)
+    assert (logged.max_num_seqs, logged.max_num_batched_tokens) == (128, 4096)
+    log.unlink()
+    with pytest.raises(InvalidInput, match="neither in its spec nor in its startup log"):
+        engine_config(parse_spec(base), tmp_path)
+    # A CUDA engine sized by gpu_memory_utilization: its blocks are vLLM's to measure.
+    gpu = spec.model_copy(update={"device": "cuda", "kv_cache_memory_bytes": None})
+    with pytest.raises(InvalidInput, match="no explicit KV size"):
+        engine_config(gpu, tmp_path)

@@ -1,0 +1,184 @@
+"""Step costs fitted to a real engine's measurements, and how well they fit.
+
+Two kinds of measurement pin a step cost down. Decode steps: in a closed-loop batch sweep
+at concurrency c, the typical inter-token gap is one step with c sequences decoding, each
+attending over its prompt and about half its answer. Prefill steps: a lone request's TTFT is
+the API's own time plus one step over its whole prompt. The fit is the additive model
+
+    step = overhead + tokens x token_s + KV tokens attended x kv_token_s
+
+with the API's time (HTTP, tokenising, detokenising) added once to TTFT and E2E, solved by
+least squares on relative errors with every coefficient kept non-negative. The residuals
+say how far a calibrated prediction can be trusted, and the longest prompt and largest
+batch measured bound where it is an interpolation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import InvalidInput
+from planner.simulate.engine import EngineConfig, StepCost
+
+# Where a target's calibration is kept (the store's published facts), by target name.
+CALIBRATION_KEY = "calibration:{}"
+# The measurements a calibration takes (at most a few minutes on the CPU engine): a
+# closed-loop batch sweep for decode steps, and lone requests of three prompt lengths, one
+# every 4 s, for prefill steps and the API's time.
+SWEEP_CONTEXT = (256, 64)  # prompt and output tokens of the sweep's requests
+SWEEP_PARAMS: dict[str, Any] = {
+    "concurrencies": [1, 2, 4, 8],
+    "prompt_tokens": SWEEP_CONTEXT[0],
+    "output_tokens": SWEEP_CONTEXT[1],
+    "requests_per_step": 12,
+}
+PREFILL_PARAMS: dict[str, Any] = {
+    "rate": 0.25,
+    "arrival": "constant",
+    "duration_s": 48.0,
+    "profile": {"kind": "empirical", "pairs": [[64, 4], [1024, 4], [4096, 4]]},
+}
+
+
+@dataclass(frozen=True)
+class DecodeSample:
+    """A measured inter-token gap (seconds) with `batch` sequences decoding, each attending
+    over `context` tokens on average."""
+
+    batch: int
+    context: float
+    itl_s: float
+
+
+@dataclass(frozen=True)
+class PrefillSample:
+    """A measured TTFT (seconds) of a lone request with `prompt_tokens` tokens."""
+
+    prompt_tokens: int
+    ttft_s: float
+
+
+def decode_samples(sweep: Mapping[str, Any]) -> list[DecodeSample]:
+    """Decode samples from a batch sweep's result: each step's median inter-token gap, its
+    sequences attending over the prompt and half the answer on average."""
+    prompt, output = SWEEP_CONTEXT
+    out = []
+    for step in sweep.get("steps", []):
+        itl = (step.get("itl_s") or {}).get("p50")
+        if itl:
+            out.append(DecodeSample(int(step["concurrency"]), prompt + output / 2, float(itl)))
+    return out
+
+
+def prefill_samples(records: Iterable[tuple[int | None, float | None]]) -> list[PrefillSample]:
+    """Prefill samples from lone requests' (prompt tokens, TTFT) records."""
+    return [
+        PrefillSample(int(tokens), float(ttft))
+        for tokens, ttft in records
+        if tokens and ttft is not None and ttft > 0
+    ]
+
+
+class Calibration(BaseModel):
+    """Fitted coefficients (seconds), their residuals and the range they were fitted on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    overhead_s: float = Field(ge=0)
+    token_s: float = Field(ge=0)
+    kv_token_s: float = Field(ge=0)
+    api_s: float = Field(ge=0)
+    # The 10th and 90th percentiles of measured / fitted - 1 over every sample.
+    residual_low: float
+    residual_high: float
+    samples: int
+    max_prompt: int
+    max_batch: int
+    engine: dict[str, int | bool] = Field(default_factory=dict)  # the EngineConfig fitted on
+    fitted_at: float | None = None
+    target: str | None = None
+
+    def cost(self) -> StepCost:
+        return StepCost(
+            overhead_s=self.overhead_s,
+            weights_read_s=0.0,
+            kv_token_read_s=self.kv_token_s,
+            token_compute_s=self.token_s,
+            additive=True,
+        )
+
+    def config(self) -> EngineConfig:
+        """The engine settings it was fitted on."""
+        return EngineConfig(**self.engine)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return (
+            f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
+            f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
+            f"percentile); prompts up to {self.max_prompt:,} tokens, batches up to "
+            f"{self.max_batch}"
+        )
+
+
+def fit(
+    decodes: Sequence[DecodeSample],
+    prefills: Sequence[PrefillSample],
+    config: EngineConfig,
+) -> Calibration:
+    """The step cost that best explains the samples (relative least squares, coefficients
+    non-negative). Needs decode samples at two batch sizes or more and prefill samples at two
+    prompt lengths or more, or the coefficients cannot be told apart."""
+    if len({d.batch for d in decodes}) < 2:
+        raise InvalidInput("calibration needs decode gaps measured at two batch sizes or more")
+    if len({p.prompt_tokens for p in prefills}) < 2:
+        raise InvalidInput("calibration needs TTFTs of lone requests at two prompt lengths or more")
+    if any(d.itl_s <= 0 for d in decodes) or any(p.ttft_s <= 0 for p in prefills):
+        raise InvalidInput("measured latencies must be above 0")
+    # Columns: overhead, tokens, KV tokens attended, the API's time.
+    rows = [[1.0, d.batch, d.batch * d.context, 0.0] for d in decodes]
+    rows += [[1.0, p.prompt_tokens, p.prompt_tokens, 1.0] for p in prefills]
+    x = np.asarray(rows)
+    y = np.asarray([d.itl_s for d in decodes] + [p.ttft_s for p in prefills])
+    beta = _nonnegative_fit(x / y[:, None], np.ones_like(y))
+    fitted = x @ beta
+    ratio = y / fitted - 1.0
+    low, high = np.quantile(ratio, [0.1, 0.9])
+    return Calibration(
+        overhead_s=float(beta[0]),
+        token_s=float(beta[1]),
+        kv_token_s=float(beta[2]),
+        api_s=float(beta[3]),
+        residual_low=float(low),
+        residual_high=float(high),
+        samples=len(y),
+        max_prompt=max(p.prompt_tokens for p in prefills),
+        max_batch=max(d.batch for d in decodes),
+        engine={
+            "num_blocks": config.num_blocks,
+            "block_size": config.block_size,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "chunked_prefill": config.chunked_prefill,
+            "max_model_len": config.max_model_len,
+            "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        },
+    )
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: drop the most negative and refit."""
+    active = list(range(x.shape[1]))
+    while True:
+        beta = np.zeros(x.shape[1])
+        solved, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        beta[active] = solved
+        if (beta >= 0).all():
+            return beta
+        active.remove(int(np.argmin(beta)))
+        if not active:
+            raise InvalidInput("the measurements fit no positive step cost")

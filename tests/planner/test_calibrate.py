@@ -1,0 +1,105 @@
+"""Calibration: the fit recovers a known step cost, says how well it fits, and a calibrated
+scenario keeps what the measurements fixed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.errors import InvalidInput
+from planner.simulate import EngineConfig, StepCost
+from planner.simulate.calibrate import (
+    SWEEP_CONTEXT,
+    DecodeSample,
+    PrefillSample,
+    decode_samples,
+    fit,
+    prefill_samples,
+)
+from planner.simulate.setup import calibrated_scenario, parse_settings
+from planner.simulate.whatif import predict
+
+TRUE = StepCost(overhead_s=0.012, weights_read_s=0.0, kv_token_read_s=3e-7, token_compute_s=4e-5,
+                additive=True)  # fmt: skip
+API_S = 0.004
+CONFIG = EngineConfig(num_blocks=511, block_size=32, max_num_seqs=8, max_num_batched_tokens=512)
+
+
+def samples(noise: float = 0.0, seed: int = 0) -> tuple[list[DecodeSample], list[PrefillSample]]:
+    rng = np.random.default_rng(seed)
+
+    def jitter(x: float) -> float:
+        return x * (1 + noise * rng.standard_normal())
+
+    context = SWEEP_CONTEXT[0] + SWEEP_CONTEXT[1] / 2
+    decodes = [
+        DecodeSample(c, context, jitter(TRUE.step_s(c, int(c * context)))) for c in (1, 2, 4, 8)
+    ]
+    prefills = [
+        PrefillSample(n, jitter(API_S + TRUE.step_s(n, n))) for n in (64, 1024, 4096) for _ in "ab"
+    ]
+    return decodes, prefills
+
+
+def test_the_fit_recovers_the_step_cost_and_the_api_time() -> None:
+    cal = fit(*samples(), CONFIG)
+    assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
+    assert cal.token_s == pytest.approx(TRUE.token_compute_s, rel=1e-6)
+    assert cal.kv_token_s == pytest.approx(TRUE.kv_token_read_s, rel=1e-5)
+    assert cal.api_s == pytest.approx(API_S, rel=1e-6)
+    assert abs(cal.residual_low) < 1e-9 and abs(cal.residual_high) < 1e-9
+    assert (cal.max_prompt, cal.max_batch, cal.samples) == (4096, 8, 10)
+    assert cal.config() == CONFIG and cal.cost().additive
+
+
+def test_noisy_measurements_widen_the_residuals_and_keep_coefficients_non_negative() -> None:
+    cal = fit(*samples(noise=0.1, seed=3), CONFIG)
+    assert cal.residual_low < -0.01 and cal.residual_high > 0.01
+    assert min(cal.overhead_s, cal.token_s, cal.kv_token_s, cal.api_s) >= 0
+    assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=0.3)
+    # A measurement that no positive coefficient explains (prefill cheaper than a decode):
+    # the negative term is dropped, not kept.
+    decodes, prefills = samples()
+    cheap = [PrefillSample(p.prompt_tokens, 0.001) for p in prefills]
+    assert min(fit(decodes, cheap, CONFIG).model_dump(include={"api_s", "token_s"}).values()) >= 0
+
+
+def test_too_few_kinds_of_measurement_are_refused() -> None:
+    decodes, prefills = samples()
+    with pytest.raises(InvalidInput, match="two batch sizes"):
+        fit(decodes[:1], prefills, CONFIG)
+    with pytest.raises(InvalidInput, match="two prompt lengths"):
+        fit(decodes, prefills[:2], CONFIG)
+
+
+def test_samples_come_from_a_batch_sweep_and_lone_requests() -> None:
+    sweep = {"steps": [{"concurrency": 1, "itl_s": {"p50": 0.02}},
+                       {"concurrency": 2, "itl_s": {"p50": None}}]}  # fmt: skip
+    (one,) = decode_samples(sweep)
+    assert (one.batch, one.itl_s) == (1, 0.02) and one.context == 288
+    pairs = [(64, 0.05), (None, 0.1), (1024, None), (1024, float("nan")), (4096, 0.4)]
+    assert [p.prompt_tokens for p in prefill_samples(pairs)] == [64, 4096]
+
+
+def test_a_calibrated_scenario_keeps_what_was_measured() -> None:
+    cal = fit(*samples(noise=0.05), CONFIG)
+    what = calibrated_scenario(cal, parse_settings(["max_num_seqs=4", "prompt_tokens=100"]))
+    assert what.config.max_num_seqs == 4 and what.config.num_blocks == 511
+    assert what.api_s == cal.api_s and what.source.startswith("calibrated")
+    assert what.residuals == (cal.residual_low, cal.residual_high)
+    small = calibrated_scenario(
+        cal, parse_settings(["num_gpu_blocks_override=65", "max_model_len=2048"])
+    )
+    assert small.config.num_blocks == 64 and small.config.max_model_len == 2048
+    with pytest.raises(InvalidInput, match="kv_cache_dtype cannot change"):
+        calibrated_scenario(cal, parse_settings(["kv_cache_dtype=fp8"]))
+    # Prompts longer than any measured are flagged as an extrapolation.
+    long = calibrated_scenario(cal, parse_settings(["prompt_tokens=6000", "output_tokens=4"]))
+    assert any("calibrated up to 4,096" in f for f in predict(long, 0.1).extrapolation)
+    # The API's time is in TTFT: a lone request's TTFT is it plus its prefill (two chunks of
+    # the 512-token budget).
+    lone = ["prompt_tokens=1024", "output_tokens=2", "num_requests=3", "arrival=constant"]
+    one = calibrated_scenario(cal, parse_settings(lone))
+    ttft = predict(one, 0.1).ttft_s.p50
+    prefill = cal.cost().step_s(512, 512) + cal.cost().step_s(512, 1024)
+    assert ttft == pytest.approx(cal.api_s + prefill, rel=0.006)
