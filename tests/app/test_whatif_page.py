@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
@@ -28,7 +30,7 @@ def _page() -> None:
     error_boundary(render)()  # as app/main.py renders every page
 
 
-def _run(**choices: object) -> AppTest:
+def _run(**choices: Any) -> AppTest:
     at = AppTest.from_function(_page, default_timeout=120)
     at.run()
     for key, value in choices.items():
