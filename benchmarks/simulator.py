@@ -25,6 +25,7 @@ from planner.simulate.calibrate import (
     decode_samples,
     fit,
     prefill_samples,
+    sweep_prefills,
 )
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep
 from planner.workload import parse_profile
@@ -75,11 +76,12 @@ def calibrate(worker: Worker, request: injection.Request) -> Calibration:
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
     config = engine_config(spec, worker.settings.data_dir)
     decodes = decode_samples(sweep_run.summary)
+    prefills = sweep_prefills(sweep_run.summary)
     if len(decodes) < 2:
         raise SystemExit(f"the batch sweep gave {len(decodes)} decode samples: {sweep_run.summary}")
     return fit(
         decodes,
-        prefill_samples(zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)),
+        prefills + prefill_samples(zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)),
         config,
     )
 
@@ -146,8 +148,9 @@ def main() -> None:
         cal = calibrate(worker, request)
         print(cal.describe(), flush=True)
         print(
-            f"  overhead {cal.overhead_s * 1000:.2f} ms, {cal.token_s * 1e6:.2f} us/token, "
-            f"{cal.kv_token_s * 1e9:.2f} ns/KV token, API {cal.api_s * 1000:.2f} ms",
+            f"  step = {cal.overhead_s * 1000:.2f} ms + {cal.token_s * 1e6:.2f} us a token + "
+            f"{cal.seq_s * 1e6:.0f} us a sequence + {cal.pair_s * 1e9:.1f} ns an attention "
+            f"pair; API {cal.api_s * 1000:.2f} ms",
             flush=True,
         )
         print(HEADER, flush=True)

@@ -28,6 +28,7 @@ from planner.simulate.calibrate import (
     decode_samples,
     fit,
     prefill_samples,
+    sweep_prefills,
 )
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
@@ -232,9 +233,10 @@ def calibrate(
         _, sweep_summary = run_local_probe(KINDS["batch_sweep"], target, dict(SWEEP_PARAMS))
         run_id, _ = run_local_probe(KINDS["latency"], target, dict(PREFILL_PARAMS))
         frame = q.run_records(store, run_id)
+        lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
         fitted = fit(
             decode_samples(sweep_summary),
-            prefill_samples(zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)),
+            sweep_prefills(sweep_summary) + prefill_samples(lone),
             engine,
         ).model_copy(update={"target": target, "fitted_at": time.time()})
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
@@ -245,7 +247,7 @@ def calibrate(
         return
     typer.echo(fitted.describe())
     typer.echo(
-        f"step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a token "
-        f"+ {fitted.kv_token_s * 1e9:.2f} ns a KV token attended; API {fitted.api_s * 1000:.2f}"
-        " ms a request"
+        f"step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a token + "
+        f"{fitted.seq_s * 1e6:.0f} us a sequence + {fitted.pair_s * 1e9:.1f} ns an attention "
+        f"pair; API {fitted.api_s * 1000:.2f} ms a request"
     )

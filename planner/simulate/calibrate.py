@@ -3,14 +3,17 @@
 Two kinds of measurement pin a step cost down. Decode steps: in a closed-loop batch sweep
 at concurrency c, the typical inter-token gap is one step with c sequences decoding, each
 attending over its prompt and about half its answer. Prefill steps: a lone request's TTFT is
-the API's own time plus one step over its whole prompt. The fit is the additive model
+the API's own time plus the steps of its prompt's chunks (the engine's token budget each).
+The fit is the additive model
 
-    step = overhead + tokens x token_s + KV tokens attended x kv_token_s
+    step = overhead + tokens x token_s + sequences x seq_s + attention pairs x pair_s
 
-with the API's time (HTTP, tokenising, detokenising) added once to TTFT and E2E, solved by
-least squares on relative errors with every coefficient kept non-negative. The residuals
-say how far a calibrated prediction can be trusted, and the longest prompt and largest
-batch measured bound where it is an interpolation.
+(a sequence costs sampling and streaming its token; a pair is a query token against a
+cached one, the quadratic part of a long prefill), with the API's time (HTTP, tokenising)
+added once to TTFT and E2E, solved by least squares on relative errors over the median of
+each measurement, every coefficient kept non-negative. The residuals say how far a
+calibrated prediction can be trusted, and the longest prompt and largest batch measured
+bound where it is an interpolation.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import InvalidInput
-from planner.simulate.engine import EngineConfig, StepCost
+from planner.simulate.engine import EngineConfig, StepCost, pairs_of
 
 # Where a target's calibration is kept (the store's published facts), by target name.
 CALIBRATION_KEY = "calibration:{}"
@@ -75,6 +78,15 @@ def decode_samples(sweep: Mapping[str, Any]) -> list[DecodeSample]:
     return out
 
 
+def sweep_prefills(sweep: Mapping[str, Any]) -> list[PrefillSample]:
+    """The sweep's one-at-a-time step: each request alone, its median TTFT a prefill."""
+    for step in sweep.get("steps", []):
+        ttft = (step.get("ttft_s") or {}).get("p50")
+        if step.get("concurrency") == 1 and ttft:
+            return [PrefillSample(SWEEP_CONTEXT[0], float(ttft))]
+    return []
+
+
 def prefill_samples(records: Iterable[tuple[int | None, float | None]]) -> list[PrefillSample]:
     """Prefill samples from lone requests' (prompt tokens, TTFT) records."""
     return [
@@ -91,7 +103,8 @@ class Calibration(BaseModel):
 
     overhead_s: float = Field(ge=0)
     token_s: float = Field(ge=0)
-    kv_token_s: float = Field(ge=0)
+    seq_s: float = Field(ge=0)
+    pair_s: float = Field(ge=0)
     api_s: float = Field(ge=0)
     # The 10th and 90th percentiles of measured / fitted - 1 over every sample.
     residual_low: float
@@ -107,9 +120,11 @@ class Calibration(BaseModel):
         return StepCost(
             overhead_s=self.overhead_s,
             weights_read_s=0.0,
-            kv_token_read_s=self.kv_token_s,
+            kv_token_read_s=0.0,
             token_compute_s=self.token_s,
             additive=True,
+            seq_s=self.seq_s,
+            pair_s=self.pair_s,
         )
 
     def config(self) -> EngineConfig:
@@ -125,37 +140,59 @@ class Calibration(BaseModel):
         )
 
 
+def _prefill_row(prompt: int, config: EngineConfig) -> list[float]:
+    """Features of a lone prompt's prefill: one step per chunk of the token budget."""
+    cap = min(config.max_num_batched_tokens, config.prefill_cap)
+    row = [0.0, 0.0, 0.0, 0.0, 1.0]
+    done = 0
+    while done < prompt:
+        chunk = min(prompt - done, cap)
+        row[0] += 1
+        row[1] += chunk
+        row[2] += 1
+        row[3] += pairs_of(chunk, done)
+        done += chunk
+    return row
+
+
 def fit(
     decodes: Sequence[DecodeSample],
     prefills: Sequence[PrefillSample],
     config: EngineConfig,
 ) -> Calibration:
-    """The step cost that best explains the samples (relative least squares, coefficients
-    non-negative). Needs decode samples at two batch sizes or more and prefill samples at two
-    prompt lengths or more, or the coefficients cannot be told apart."""
+    """The step cost that best explains the samples (relative least squares over the median
+    of each batch size and each prompt length, coefficients non-negative). Needs decode
+    samples at two batch sizes or more and prefill samples at two prompt lengths or more,
+    or the coefficients cannot be told apart."""
     if len({d.batch for d in decodes}) < 2:
         raise InvalidInput("calibration needs decode gaps measured at two batch sizes or more")
     if len({p.prompt_tokens for p in prefills}) < 2:
         raise InvalidInput("calibration needs TTFTs of lone requests at two prompt lengths or more")
     if any(d.itl_s <= 0 for d in decodes) or any(p.ttft_s <= 0 for p in prefills):
         raise InvalidInput("measured latencies must be above 0")
-    # Columns: overhead, tokens, KV tokens attended, the API's time.
-    rows = [[1.0, d.batch, d.batch * d.context, 0.0] for d in decodes]
-    rows += [[1.0, p.prompt_tokens, p.prompt_tokens, 1.0] for p in prefills]
-    x = np.asarray(rows)
-    y = np.asarray([d.itl_s for d in decodes] + [p.ttft_s for p in prefills])
-    beta = _nonnegative_fit(x / y[:, None], np.ones_like(y))
-    fitted = x @ beta
-    ratio = y / fitted - 1.0
+    # Columns: steps (overhead), tokens, sequences, attention pairs, the API's time.
+    rows, y = [], []
+    for batch in sorted({d.batch for d in decodes}):
+        same = [d for d in decodes if d.batch == batch]
+        context = float(np.mean([d.context for d in same]))
+        rows.append([1.0, batch, batch, batch * (context + 1), 0.0])
+        y.append(float(np.median([d.itl_s for d in same])))
+    for prompt in sorted({p.prompt_tokens for p in prefills}):
+        rows.append(_prefill_row(prompt, config))
+        y.append(float(np.median([p.ttft_s for p in prefills if p.prompt_tokens == prompt])))
+    x, ys = np.asarray(rows), np.asarray(y)
+    beta = _nonnegative_fit(x / ys[:, None], np.ones_like(ys))
+    ratio = ys / (x @ beta) - 1.0
     low, high = np.quantile(ratio, [0.1, 0.9])
     return Calibration(
         overhead_s=float(beta[0]),
         token_s=float(beta[1]),
-        kv_token_s=float(beta[2]),
-        api_s=float(beta[3]),
+        seq_s=float(beta[2]),
+        pair_s=float(beta[3]),
+        api_s=float(beta[4]),
         residual_low=float(low),
         residual_high=float(high),
-        samples=len(y),
+        samples=len(decodes) + len(prefills),
         max_prompt=max(p.prompt_tokens for p in prefills),
         max_batch=max(d.batch for d in decodes),
         engine={

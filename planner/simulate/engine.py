@@ -73,32 +73,42 @@ class EngineConfig:
 class StepCost:
     """Seconds per engine step: a fixed overhead plus the slower of reading memory (the
     weights once, the KV of every token attended) and computing (per token scheduled), or
-    with `additive` their sum (a calibrated fit: on a CPU, neither hides the other)."""
+    with `additive` their sum (a calibrated fit: on a CPU, neither hides the other); plus a
+    cost per sequence scheduled (sampling, detokenising, streaming its token) and per
+    attention pair (a query token against a cached one: a long prefill's quadratic part)."""
 
     overhead_s: float
     weights_read_s: float
     kv_token_read_s: float
     token_compute_s: float
     additive: bool = False
+    seq_s: float = 0.0
+    pair_s: float = 0.0
 
-    def step_s(self, tokens: int, kv_tokens: int) -> float:
-        """One step that schedules `tokens` and attends over `kv_tokens` cached tokens."""
+    def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
+        """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
+        cached tokens, `pairs` query-key pairs in all."""
         memory = self.weights_read_s + kv_tokens * self.kv_token_read_s
-        if self.additive:
-            return self.overhead_s + memory + tokens * self.token_compute_s
-        return self.overhead_s + max(memory, tokens * self.token_compute_s)
+        compute = tokens * self.token_compute_s
+        step = self.overhead_s + (memory + compute if self.additive else max(memory, compute))
+        return step + seqs * self.seq_s + pairs * self.pair_s
 
     def decode_steps_s(self, seqs: int, kv_tokens: int, steps: int) -> np.ndarray:
         """`steps` decode steps of `seqs` sequences attending over `kv_tokens` cached tokens
-        before the first (each step adds one per sequence): `step_s` of each, as an array."""
+        before the first (each step adds one per sequence): `step_s` of each, as an array
+        (a decode's pairs are its context)."""
         kv = kv_tokens + seqs * np.arange(1, steps + 1, dtype=np.int64)
         memory = self.weights_read_s + kv * self.kv_token_read_s
         compute = seqs * self.token_compute_s
-        if self.additive:
-            summed: np.ndarray = self.overhead_s + memory + compute
-            return summed
-        slower: np.ndarray = self.overhead_s + np.maximum(memory, compute)
-        return slower
+        step: np.ndarray = self.overhead_s + (
+            memory + compute if self.additive else np.maximum(memory, compute)
+        )
+        return step + seqs * self.seq_s + kv * self.pair_s
+
+
+def pairs_of(chunk: int, cached: int) -> int:
+    """Query-key pairs when `chunk` new tokens attend over `cached` ones and each other."""
+    return chunk * cached + chunk * (chunk + 1) // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +336,8 @@ class _Engine:
         computed = run.computed[:n]
         tokens = int(got.sum())
         kv_tokens = int((computed + got)[scheduled].sum())
-        step = self.cost.step_s(tokens, kv_tokens)
+        pairs = int((got * computed + got * (got + 1) // 2).sum())
+        step = self.cost.step_s(tokens, kv_tokens, int(scheduled.sum()), pairs)
         self.now += step
         stats.steps += 1
         stats.busy_s += step

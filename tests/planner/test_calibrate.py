@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InvalidInput
-from planner.simulate import EngineConfig, StepCost
+from planner.simulate import EngineConfig, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import (
     SWEEP_CONTEXT,
     DecodeSample,
@@ -15,13 +15,15 @@ from planner.simulate.calibrate import (
     decode_samples,
     fit,
     prefill_samples,
+    sweep_prefills,
 )
+from planner.simulate.engine import pairs_of
 from planner.simulate.setup import calibrated_scenario, parse_settings
 from planner.simulate.whatif import predict
 
-TRUE = StepCost(overhead_s=0.012, weights_read_s=0.0, kv_token_read_s=3e-7, token_compute_s=4e-5,
-                additive=True)  # fmt: skip
-API_S = 0.004
+TRUE = StepCost(overhead_s=0.004, weights_read_s=0.0, kv_token_read_s=0.0, token_compute_s=3e-6,
+                additive=True, seq_s=1.2e-4, pair_s=3e-8)  # fmt: skip
+API_S = 0.012
 CONFIG = EngineConfig(num_blocks=511, block_size=32, max_num_seqs=8, max_num_batched_tokens=512)
 
 
@@ -31,21 +33,30 @@ def samples(noise: float = 0.0, seed: int = 0) -> tuple[list[DecodeSample], list
     def jitter(x: float) -> float:
         return x * (1 + noise * rng.standard_normal())
 
-    context = SWEEP_CONTEXT[0] + SWEEP_CONTEXT[1] / 2
+    context = SWEEP_CONTEXT[0] + SWEEP_CONTEXT[1] // 2
     decodes = [
-        DecodeSample(c, context, jitter(TRUE.step_s(c, int(c * context)))) for c in (1, 2, 4, 8)
+        DecodeSample(c, context, jitter(TRUE.step_s(c, 0, c, c * (context + 1))))
+        for c in (1, 2, 4, 8)
     ]
+    # A lone request's TTFT, as the engine simulates it (its prompt in budget-sized chunks).
     prefills = [
-        PrefillSample(n, jitter(API_S + TRUE.step_s(n, n))) for n in (64, 1024, 4096) for _ in "ab"
+        PrefillSample(n, jitter(API_S + lone_ttft(n))) for n in (64, 1024, 4096) for _ in "ab"
     ]
     return decodes, prefills
+
+
+def lone_ttft(prompt: int) -> float:
+    (r,) = simulate([SimRequest(0.0, prompt, 2)], CONFIG, TRUE)
+    assert r.ttft_s is not None
+    return r.ttft_s
 
 
 def test_the_fit_recovers_the_step_cost_and_the_api_time() -> None:
     cal = fit(*samples(), CONFIG)
     assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
-    assert cal.token_s == pytest.approx(TRUE.token_compute_s, rel=1e-6)
-    assert cal.kv_token_s == pytest.approx(TRUE.kv_token_read_s, rel=1e-5)
+    assert cal.token_s == pytest.approx(TRUE.token_compute_s, rel=1e-5)
+    assert cal.seq_s == pytest.approx(TRUE.seq_s, rel=1e-5)
+    assert cal.pair_s == pytest.approx(TRUE.pair_s, rel=1e-5)
     assert cal.api_s == pytest.approx(API_S, rel=1e-6)
     assert abs(cal.residual_low) < 1e-9 and abs(cal.residual_high) < 1e-9
     assert (cal.max_prompt, cal.max_batch, cal.samples) == (4096, 8, 10)
@@ -55,7 +66,7 @@ def test_the_fit_recovers_the_step_cost_and_the_api_time() -> None:
 def test_noisy_measurements_widen_the_residuals_and_keep_coefficients_non_negative() -> None:
     cal = fit(*samples(noise=0.1, seed=3), CONFIG)
     assert cal.residual_low < -0.01 and cal.residual_high > 0.01
-    assert min(cal.overhead_s, cal.token_s, cal.kv_token_s, cal.api_s) >= 0
+    assert min(cal.overhead_s, cal.token_s, cal.seq_s, cal.pair_s, cal.api_s) >= 0
     assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=0.3)
     # A measurement that no positive coefficient explains (prefill cheaper than a decode):
     # the negative term is dropped, not kept.
@@ -73,10 +84,11 @@ def test_too_few_kinds_of_measurement_are_refused() -> None:
 
 
 def test_samples_come_from_a_batch_sweep_and_lone_requests() -> None:
-    sweep = {"steps": [{"concurrency": 1, "itl_s": {"p50": 0.02}},
+    sweep = {"steps": [{"concurrency": 1, "itl_s": {"p50": 0.02}, "ttft_s": {"p50": 0.03}},
                        {"concurrency": 2, "itl_s": {"p50": None}}]}  # fmt: skip
     (one,) = decode_samples(sweep)
     assert (one.batch, one.itl_s) == (1, 0.02) and one.context == 288
+    assert sweep_prefills(sweep) == [PrefillSample(SWEEP_CONTEXT[0], 0.03)]
     pairs = [(64, 0.05), (None, 0.1), (1024, None), (1024, float("nan")), (4096, 0.4)]
     assert [p.prompt_tokens for p in prefill_samples(pairs)] == [64, 4096]
 
@@ -101,5 +113,7 @@ def test_a_calibrated_scenario_keeps_what_was_measured() -> None:
     lone = ["prompt_tokens=1024", "output_tokens=2", "num_requests=3", "arrival=constant"]
     one = calibrated_scenario(cal, parse_settings(lone))
     ttft = predict(one, 0.1).ttft_s.p50
-    prefill = cal.cost().step_s(512, 512) + cal.cost().step_s(512, 1024)
+    cost = cal.cost()
+    first, second = pairs_of(512, 0), pairs_of(512, 512)
+    prefill = cost.step_s(512, 512, 1, first) + cost.step_s(512, 1024, 1, second)
     assert ttft == pytest.approx(cal.api_s + prefill, rel=0.006)

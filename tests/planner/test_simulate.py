@@ -141,8 +141,17 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_vectorised_engine_matches_the_plain_scheduler(config: EngineConfig) -> None:
+# A calibrated step cost: additive, with per-sequence and per-attention-pair terms.
+FITTED = StepCost(0.004, 0.0, 0.0, 3e-6, additive=True, seq_s=1.2e-4, pair_s=3e-8)
+CASES = {name: (config, COST) for name, config in CONFIGS.items()}
+CASES["fitted-cost"] = (CONFIG, FITTED)
+CASES["fitted-cost-preempting"] = (CONFIGS["preempting"], FITTED)
+
+
+@pytest.mark.parametrize(("config", "cost"), CASES.values(), ids=CASES.keys())
+def test_vectorised_engine_matches_the_plain_scheduler(
+    config: EngineConfig, cost: StepCost
+) -> None:
     """The engine (arrays, decode stretches in one go) against the scheduler as first written
     (one object per request, every step a walk): the same results to the bit, with and
     without the stretches."""
@@ -152,9 +161,9 @@ def test_vectorised_engine_matches_the_plain_scheduler(config: EngineConfig) -> 
         SimRequest(float(t), int(rng.integers(1, 1200)), int(rng.integers(1, 700))) for t in times
     ]
     plain_stats, slow_stats, fast_stats = EngineStats(), EngineStats(), EngineStats()
-    plain = list(reference_simulate(traffic, config, COST, plain_stats))
-    slow = list(simulate(traffic, config, COST, slow_stats, fast_forward=False))
-    fast = list(simulate(traffic, config, COST, fast_stats))
+    plain = list(reference_simulate(traffic, config, cost, plain_stats))
+    slow = list(simulate(traffic, config, cost, slow_stats, fast_forward=False))
+    fast = list(simulate(traffic, config, cost, fast_stats))
     key = lambda r: (r.request.arrival_s, r.request.prompt_tokens)  # noqa: E731
     assert sorted(plain, key=key) == sorted(slow, key=key) == sorted(fast, key=key)
     counts = [(s.steps, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)]

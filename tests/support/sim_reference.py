@@ -172,7 +172,8 @@ def reference_simulate(
             continue
         tokens = sum(n for _, n in scheduled)
         kv_tokens = sum(s.computed + n for s, n in scheduled)
-        step = cost.step_s(tokens, kv_tokens)
+        pairs = sum(n * s.computed + n * (n + 1) // 2 for s, n in scheduled)
+        step = cost.step_s(tokens, kv_tokens, len(scheduled), pairs)
         now += step
         stats.steps += 1
         stats.busy_s += step
