@@ -7,28 +7,39 @@ fresh draws of the same profile and rate (the seeds' 80 % interval on p99 TTFT, 
 the calibration's fit error: does it cover the measurement?). Prints one row per workload
 and figure, with the issue's targets and whether each is met.
 
-    .venv/bin/python -m benchmarks.simulator
+    .venv/bin/python -m benchmarks.simulator            # the fidelity table (~8 min)
+    .venv/bin/python -m benchmarks.simulator --speed    # one core's time for 100,000 requests
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from planner.capacity import PlanRequest, plan_capacity
+from planner.gpus import get_gpu
+from planner.models import load_preset
+from planner.simulate import EngineConfig, EngineStats, simulate
 from planner.simulate.calibrate import (
+    LOAD_PARAMS,
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
     decode_samples,
     fit,
+    load_rate,
     prefill_samples,
     sweep_prefills,
+    tune,
 )
-from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep
-from planner.workload import parse_profile
+from planner.simulate.roofline import roofline_cost
+from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
+from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
 from probes.worker import Worker
 from storage import queries as q
@@ -46,7 +57,7 @@ MIXED = {
 LONG = {"kind": "fixed", "prompt_tokens": 1024, "output_tokens": 256}
 # (name, profile, share of the calibrated capacity, arrival, cv, small KV)
 WORKLOADS: list[tuple[str, dict[str, Any], float, str, float, bool]] = [
-    ("below the knee", FIXED, 0.5, "poisson", 1.0, False),
+    ("below the knee", FIXED, 0.25, "poisson", 1.0, False),
     ("above the knee", FIXED, 1.05, "poisson", 1.0, False),
     ("another length mix", MIXED, 0.6, "poisson", 1.0, False),
     ("bursty (CV 3)", FIXED, 0.5, "gamma", 3.0, False),
@@ -55,18 +66,8 @@ WORKLOADS: list[tuple[str, dict[str, Any], float, str, float, bool]] = [
 TARGETS = {"ttft_p50": 0.10, "tpot_p50": 0.10, "ttft_p99": 0.20, "e2e_p99": 0.10, "preempt": 0.25}
 
 
-def _rows(store: Any, run_id: int) -> list[tuple[float, int, int, str]]:
-    frame = q.run_records(store, run_id)
-    frame = frame[frame["status"] == "ok"]
-    return [
-        (float(t), int(p), int(o), "")
-        for t, p, o in zip(
-            frame["scheduled_ts"], frame["prompt_tokens"], frame["output_tokens"], strict=True
-        )
-    ]
-
-
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
+    """As `kvscope simulate calibrate` does: a quiet fit, then tuned on one open-loop run."""
     sweep_run = request("batch_sweep", target=injection.NAME, timeout=900, **SWEEP_PARAMS)
     prefill_run = request("latency", target=injection.NAME, timeout=900, **PREFILL_PARAMS)
     for run in (sweep_run, prefill_run):
@@ -75,15 +76,19 @@ def calibrate(worker: Worker, request: injection.Request) -> Calibration:
     frame = q.run_records(worker.store, prefill_run.id)
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
     config = engine_config(spec, worker.settings.data_dir)
-    decodes = decode_samples(sweep_run.summary)
-    prefills = sweep_prefills(sweep_run.summary)
-    if len(decodes) < 2:
-        raise SystemExit(f"the batch sweep gave {len(decodes)} decode samples: {sweep_run.summary}")
-    return fit(
-        decodes,
-        prefills + prefill_samples(zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)),
+    lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
+    quiet = fit(
+        decode_samples(sweep_run.summary),
+        sweep_prefills(sweep_run.summary) + prefill_samples(lone),
         config,
     )
+    rate = load_rate(quiet)
+    loaded = request("latency", target=injection.NAME, timeout=900, rate=rate, **LOAD_PARAMS)
+    if loaded.status != "done":
+        raise SystemExit(f"the calibration's open-loop run ended {loaded.status}: {loaded.error}")
+    m = loaded.summary
+    replayed = replay(q.replayable(worker.store, loaded.id))
+    return tune(quiet, replayed, rate, m["tpot_s"]["p50"], m["ttft_s"]["p50"])
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:
@@ -137,10 +142,86 @@ def rows(name: str, rate: float, m: dict[str, Any], p: Any, fresh: Any, tally: l
     )
 
 
+def measure(
+    worker: Worker,
+    request: injection.Request,
+    cal: Calibration,
+    workload: tuple[str, dict[str, Any], float, str, float, bool],
+    duration_s: float,
+    tally: list[int],
+) -> None:
+    """Run one workload on the engine, predict it, print its rows."""
+    name, profile, share, arrival, cv, _ = workload
+    spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
+    scenario = Scenario(
+        config=engine_config(spec, worker.settings.data_dir),
+        cost=cal.cost(),
+        profile=parse_profile(profile),
+        requests=400,
+        arrival=arrival,
+        cv=cv,
+        source="calibrated",
+        api_s=cal.request_s,
+        residuals=(cal.residual_low, cal.residual_high),
+    )
+    rate = round(share * capacity_rps(scenario), 2)
+    run = request(
+        "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=duration_s,
+        arrival=arrival, cv=cv, profile=profile, request_timeout_s=300, seed=7,
+    )  # fmt: skip
+    if run.status != "done":
+        print(f"| {name} | {rate:g} | the run ended {run.status}: {run.error} |", flush=True)
+        return
+    traffic = replay(q.replayable(worker.store, run.id))
+    same = predict(scenario, rate, requests=traffic)
+    fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]
+    rows(name, rate, run.summary, same, fresh, tally)
+
+
+def speed(requests: int, runs: int) -> None:
+    """One core's time and peak memory for `requests` simulated requests (Llama-3.1-8B on an
+    H100, roofline; Poisson arrivals; prompts 64-2,048 and outputs 16-512 tokens, uniform)."""
+    plan = plan_capacity(
+        PlanRequest(model=load_preset("llama-3.1-8b"), gpu=get_gpu("h100-sxm"), max_model_len=8192)
+    )
+    config = EngineConfig(num_blocks=plan.usable_blocks, max_num_seqs=256)
+    cost = roofline_cost(plan)
+    profile = parse_profile(
+        {"kind": "lognormal", "prompt": {"median": 600, "sigma": 0.9, "min": 64, "max": 2048},
+         "output": {"median": 120, "sigma": 0.8, "min": 16, "max": 512}}
+    )  # fmt: skip
+    print("| rate/s | requests | CPU s (median) | peak MiB | steps | requests/s simulated |")
+    print("|---|---|---|---|---|---|")
+    for rate in (5.0, 10.0, 20.0, 40.0):
+        for n in (requests // 10, requests):
+            times = []
+            stats = EngineStats()
+            for _ in range(runs):
+                stats = EngineStats()
+                t0 = time.process_time()
+                for _ in simulate(traffic(profile, Arrival(rate=rate), n), config, cost, stats):
+                    pass
+                times.append(time.process_time() - t0)
+            # Memory in a run of its own: tracing slows Python several times over.
+            tracemalloc.start()
+            for _ in simulate(traffic(profile, Arrival(rate=rate), n), config, cost):
+                pass
+            peak = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+            cpu = statistics.median(times)
+            print(f"| {rate:g} | {n:,} | {cpu:.2f} | {peak:.1f} | {stats.steps:,} | "
+                  f"{n / cpu:,.0f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals a run")
+    ap.add_argument("--speed", action="store_true", help="only the speed table (no engine)")
+    ap.add_argument("--requests", type=int, default=100_000, help="--speed: requests a run")
     args = ap.parse_args()
+    if args.speed:
+        speed(args.requests, runs=3)
+        return
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     tally = [0, 0, 0]
     started = time.time()
@@ -148,50 +229,20 @@ def main() -> None:
         cal = calibrate(worker, request)
         print(cal.describe(), flush=True)
         print(
-            f"  step = {cal.overhead_s * 1000:.2f} ms + {cal.token_s * 1e6:.2f} us a token + "
-            f"{cal.seq_s * 1e6:.0f} us a sequence + {cal.pair_s * 1e9:.1f} ns an attention "
-            f"pair; API {cal.api_s * 1000:.2f} ms",
+            f"  quiet step = {cal.overhead_s * 1000:.2f} ms + {cal.token_s * 1e6:.2f} us a "
+            f"token + {cal.seq_s * 1e6:.0f} us a sequence + {cal.pair_s * 1e9:.1f} ns an "
+            f"attention pair; API {cal.api_s * 1000:.2f} ms",
             flush=True,
         )
         print(HEADER, flush=True)
-        config = cal.config()
-        small = False
-        for name, profile, share, arrival, cv, small_kv in WORKLOADS:
-            if small_kv != small:
-                spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
-                spec = spec.model_copy(update=SMALL_KV if small_kv else {})
-                q.save_engine_spec(worker.store, spec.name, spec.model_dump())
-                done = request("engine_restart", name=spec.name, timeout=600)
-                if done.status != "done":
-                    print(f"| {name} | | the restart failed: {done.error} |", flush=True)
-                    continue
-                injection.wait_serving(worker)
-                config = engine_config(spec, worker.settings.data_dir)
-                small = small_kv
-            scenario = Scenario(
-                config=config,
-                cost=cal.cost(),
-                profile=parse_profile(profile),
-                requests=400,
-                arrival=arrival,
-                cv=cv,
-                source="calibrated",
-                api_s=cal.api_s,
-                residuals=(cal.residual_low, cal.residual_high),
-            )
-            rate = round(share * capacity_rps(scenario), 2)
-            run = request(
-                "latency", target=injection.NAME, timeout=1200, rate=rate,
-                duration_s=args.duration, arrival=arrival, cv=cv, profile=profile,
-                request_timeout_s=300, seed=7,
-            )  # fmt: skip
-            if run.status != "done":
-                print(f"| {name} | {rate:g} | the run ended {run.status}: {run.error} |")
-                continue
-            traffic = replay(_rows(worker.store, run.id))
-            same = predict(scenario, rate, requests=traffic)
-            fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]
-            rows(name, rate, run.summary, same, fresh, tally)
+        for workload in WORKLOADS:
+            if not workload[5]:
+                measure(worker, request, cal, workload, args.duration, tally)
+    # The same engine with a KV cache small enough to preempt: its own start, the same fit.
+    with injection.diag_worker(venv, ENGINE | SMALL_KV) as (worker, request):
+        for workload in WORKLOADS:
+            if workload[5]:
+                measure(worker, request, cal, workload, args.duration, tally)
     print()
     print(
         f"{tally[0]}/{tally[1]} figures within their targets; the 80% interval covered the "

@@ -8,6 +8,7 @@ seed.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -103,6 +104,25 @@ class Arrival(BaseModel):
             gaps = rng.gamma(shape=1 / cv**2, scale=cv**2 / self.rate, size=n - 1)
             t = np.concatenate(([0.0], np.cumsum(gaps)))
         return [float(x) for x in t]
+
+    def iter_offsets(self, seed: int = 0, chunk: int = 4096) -> Iterator[float]:
+        """The send times of `offsets`, without end, made a chunk at a time (the simulator's
+        100,000-request runs never hold their schedule). A ramp has no end to stream: it
+        needs `offsets`."""
+        if self.kind == "ramp":
+            raise InvalidInput("a ramp's send times need a count: use offsets(n)")
+        if self.kind == "constant":
+            yield from (i / self.rate for i in itertools.count())
+            return
+        rng = np.random.default_rng(seed)
+        cv = 1.0 if self.kind == "poisson" else self.cv
+        t = 0.0
+        yield t
+        while True:
+            gaps = rng.gamma(shape=1 / cv**2, scale=cv**2 / self.rate, size=chunk)
+            for x in np.cumsum(np.concatenate(([t], gaps)))[1:].tolist():
+                yield x
+            t = x
 
     def stream(self, duration_s: float, seed: int = 0, chunk: int = 4096) -> Iterator[float]:
         """The send times in [0, duration_s), made a chunk at a time (a long run never holds

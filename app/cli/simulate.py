@@ -22,16 +22,19 @@ from planner.gpus import get_gpu
 from planner.models import load_model
 from planner.simulate.calibrate import (
     CALIBRATION_KEY,
+    LOAD_PARAMS,
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
     decode_samples,
     fit,
+    load_rate,
     prefill_samples,
     sweep_prefills,
+    tune,
 )
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
-from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
+from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, replay, sweep
 
 
 def parse_rates(text: str) -> list[float]:
@@ -211,8 +214,9 @@ def calibrate(
     target: str = typer.Option(..., "--target", help="A managed engine's target name."),
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
 ) -> None:
-    """Measure a managed engine (a batch sweep and lone requests of three prompt lengths, a
-    few minutes) and fit the simulator's step cost to it; stored for `--target`."""
+    """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, one
+    open-loop run: a few minutes) and fit the simulator's step cost to it; stored for
+    `--target`."""
     from probes.engine.spec import engine_config, parse_spec
     from probes.kinds import KINDS
     from storage import queries as q
@@ -234,10 +238,19 @@ def calibrate(
         run_id, _ = run_local_probe(KINDS["latency"], target, dict(PREFILL_PARAMS))
         frame = q.run_records(store, run_id)
         lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-        fitted = fit(
+        quiet = fit(
             decode_samples(sweep_summary),
             sweep_prefills(sweep_summary) + prefill_samples(lone),
             engine,
+        )
+        rate = load_rate(quiet)
+        load_id, loaded = run_local_probe(KINDS["latency"], target, dict(LOAD_PARAMS, rate=rate))
+        fitted = tune(
+            quiet,
+            replay(q.replayable(store, load_id)),
+            rate,
+            loaded["tpot_s"]["p50"],
+            loaded["ttft_s"]["p50"],
         ).model_copy(update={"target": target, "fitted_at": time.time()})
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:
@@ -247,7 +260,7 @@ def calibrate(
         return
     typer.echo(fitted.describe())
     typer.echo(
-        f"step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a token + "
-        f"{fitted.seq_s * 1e6:.0f} us a sequence + {fitted.pair_s * 1e9:.1f} ns an attention "
-        f"pair; API {fitted.api_s * 1000:.2f} ms a request"
+        f"quiet step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a "
+        f"token + {fitted.seq_s * 1e6:.0f} us a sequence + {fitted.pair_s * 1e9:.1f} ns an "
+        f"attention pair; API {fitted.api_s * 1000:.2f} ms a request"
     )

@@ -30,6 +30,9 @@ from planner.errors import KvscopeError
 from planner.gpus import get_gpu, gpu_names
 from planner.models import load_preset, preset_names
 from planner.queueing import queue_estimate
+from planner.simulate.setup import Settings, scenario
+from planner.simulate.whatif import SloBounds, capacity_rps, predict
+from planner.workload import PRESETS
 from storage import queries
 from storage.access import changes
 from storage.dashboards import measured_cold_starts, measured_points, queue_inputs
@@ -163,8 +166,14 @@ def _shares(inputs: dict[str, Any] | None) -> ShareTable | None:
             )
         st.caption(
             "No measurement yet (run a capacity probe, or latency probes with an SLO "
-            "at several rates): a queueing model stands in, labelled as such."
+            "at several rates): a model stands in, labelled as such."
         )
+        stand_in = st.radio(
+            "Shares from", [QUEUEING, SIMULATOR], horizontal=True, key="cost_stand_in",
+            help="The simulator runs vLLM's scheduler at each reserve level's load per replica.",
+        )  # fmt: skip
+        if stand_in == SIMULATOR:
+            return _simulated_shares(rate, inputs["base"], reserves)
         c = st.columns(4)
         per_replica = c[0].number_input(
             "Requests/s one replica completes",
@@ -180,6 +189,45 @@ def _shares(inputs: dict[str, Any] | None) -> ShareTable | None:
     except KvscopeError as err:
         st.error(str(err))
         return None
+
+
+QUEUEING = "queueing model"
+SIMULATOR = "simulator"
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _simulated_outside(
+    model: str, gpu: str, profile: str, slo: tuple[float, float], rates: tuple[float, ...]
+) -> tuple[list[float], str]:
+    """Share of requests outside the SLO at each rate per replica, simulated; the source."""
+    bounds = SloBounds(ttft_s=slo[0], tpot_s=slo[1])
+    settings = Settings(num_requests=600)
+    what, _ = scenario(load_preset(model), get_gpu(gpu), settings, profile, bounds)
+    capacity = capacity_rps(what)
+    shares = []
+    for r in rates:
+        inside = predict(what, r, capacity=capacity).slo_share
+        shares.append(1.0 - (inside or 0.0))
+    return shares, f"simulated ({what.source}, uncalibrated) for {model} on {gpu}"
+
+
+def _simulated_shares(rate: float, base: int, reserves: tuple[int, ...]) -> ShareTable:
+    presets, gpus = preset_names(), gpu_names()
+    c = st.columns(5)
+    model = c[0].selectbox(
+        "Model", presets, index=presets.index("llama-3.1-8b"), key="cost_sim_model"
+    )
+    gpu = c[1].selectbox("GPU", gpus, index=gpus.index("h100-sxm"), key="cost_sim_gpu")
+    profile = c[2].selectbox("Traffic", list(PRESETS), key="cost_sim_profile")
+    ttft = c[3].number_input("TTFT bound (s)", 0.01, 60.0, 0.5, key="cost_sim_ttft")
+    tpot = c[4].number_input("TPOT bound (s)", 0.001, 5.0, 0.05, key="cost_sim_tpot")
+    loads = tuple(sorted({rate / (base + r) for r in reserves}))
+    with st.spinner("Simulating each reserve level…"):
+        shares, source = _simulated_outside(model, gpu, profile, (float(ttft), float(tpot)), loads)
+    st.caption(f"Shares {source}: a prediction, not a measurement (see the What-if page).")
+    return share_outside_from_measurements(
+        list(zip(loads, shares, strict=True)), rate, base, reserves, source=source
+    )
 
 
 def _ladder() -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ bound where it is an interpolation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import InvalidInput
-from planner.simulate.engine import EngineConfig, StepCost, pairs_of
+from planner.simulate.engine import EngineConfig, SimRequest, StepCost, pairs_of, simulate
 
 # Where a target's calibration is kept (the store's published facts), by target name.
 CALIBRATION_KEY = "calibration:{}"
@@ -67,14 +68,16 @@ class PrefillSample:
 
 
 def decode_samples(sweep: Mapping[str, Any]) -> list[DecodeSample]:
-    """Decode samples from a batch sweep's result: each step's median inter-token gap, its
-    sequences attending over the prompt and half the answer on average."""
+    """Decode samples from a batch sweep's result: each step's median TPOT (its median
+    inter-token gap where the run kept no TPOT; at high concurrency tokens reach the client
+    in bursts and the median gap reads 0), its sequences attending over the prompt and half
+    the answer on average."""
     prompt, output = SWEEP_CONTEXT
     out = []
     for step in sweep.get("steps", []):
-        itl = (step.get("itl_s") or {}).get("p50")
-        if itl:
-            out.append(DecodeSample(int(step["concurrency"]), prompt + output / 2, float(itl)))
+        gap = (step.get("tpot_s") or {}).get("p50") or (step.get("itl_s") or {}).get("p50")
+        if gap:
+            out.append(DecodeSample(int(step["concurrency"]), prompt + output / 2, float(gap)))
     return out
 
 
@@ -115,28 +118,45 @@ class Calibration(BaseModel):
     engine: dict[str, int | bool] = Field(default_factory=dict)  # the EngineConfig fitted on
     fitted_at: float | None = None
     target: str | None = None
+    # Under open-loop load, steps ran `load_scale` times as long as the quiet measurements
+    # say and the API took `load_api_s` more (one workload's run, `tune`); 1 and 0 untuned.
+    load_scale: float = Field(1.0, gt=0)
+    load_api_s: float = 0.0
+    tuned_rate: float | None = None
 
     def cost(self) -> StepCost:
+        k = self.load_scale
         return StepCost(
-            overhead_s=self.overhead_s,
+            overhead_s=self.overhead_s * k,
             weights_read_s=0.0,
             kv_token_read_s=0.0,
-            token_compute_s=self.token_s,
+            token_compute_s=self.token_s * k,
             additive=True,
-            seq_s=self.seq_s,
-            pair_s=self.pair_s,
+            seq_s=self.seq_s * k,
+            pair_s=self.pair_s * k,
         )
+
+    @property
+    def request_s(self) -> float:
+        """The API's time per request under load."""
+        return max(self.api_s + self.load_api_s, 0.0)
 
     def config(self) -> EngineConfig:
         """The engine settings it was fitted on."""
         return EngineConfig(**self.engine)  # type: ignore[arg-type]
 
     def describe(self) -> str:
+        tuned = (
+            f"; under load (an open-loop run at {self.tuned_rate:g} req/s) steps x"
+            f"{self.load_scale:.2f} and the API {self.load_api_s * 1000:+.0f} ms"
+            if self.tuned_rate is not None
+            else ""
+        )
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
             f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
             f"percentile); prompts up to {self.max_prompt:,} tokens, batches up to "
-            f"{self.max_batch}"
+            f"{self.max_batch}{tuned}"
         )
 
 
@@ -172,10 +192,15 @@ def fit(
         raise InvalidInput("measured latencies must be above 0")
     # Columns: steps (overhead), tokens, sequences, attention pairs, the API's time.
     rows, y = [], []
+    # In a closed loop each request's prompt joins the decodes of the others once in its
+    # life of `output` steps: on average a step also carries batch / output prompts.
+    prompt, output = SWEEP_CONTEXT
+    mixed = pairs_of(min(prompt, config.max_num_batched_tokens), 0) / output
     for batch in sorted({d.batch for d in decodes}):
         same = [d for d in decodes if d.batch == batch]
         context = float(np.mean([d.context for d in same]))
-        rows.append([1.0, batch, batch, batch * (context + 1), 0.0])
+        tokens = batch * (1 + prompt / output)
+        rows.append([1.0, tokens, batch, batch * (context + 1 + mixed), 0.0])
         y.append(float(np.median([d.itl_s for d in same])))
     for prompt in sorted({p.prompt_tokens for p in prefills}):
         rows.append(_prefill_row(prompt, config))
@@ -219,3 +244,72 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         active.remove(int(np.argmin(beta)))
         if not active:
             raise InvalidInput("the measurements fit no positive step cost")
+
+
+# The open-loop run a calibration is tuned on: this share of the quiet fit's capacity.
+LOAD_SHARE = 0.4
+LOAD_PARAMS: dict[str, Any] = {
+    "duration_s": 30.0,
+    "arrival": "poisson",
+    "profile": {
+        "kind": "fixed",
+        "prompt_tokens": SWEEP_CONTEXT[0],
+        "output_tokens": SWEEP_CONTEXT[1],
+    },
+    "seed": 11,
+}
+
+
+def tune(
+    calibration: Calibration,
+    requests: Sequence[SimRequest],
+    rate: float,
+    tpot_p50_s: float,
+    ttft_p50_s: float,
+) -> Calibration:
+    """The calibration under load: the one step-cost scale at which a replay of an
+    open-loop run's own requests gives its measured TPOT p50, then the API time that gives
+    its TTFT p50. A quiet closed loop and lone requests miss what load adds on a shared
+    machine (the API server and the client taking CPU from the engine's steps)."""
+    config = calibration.config()
+
+    def simulated(scale: float) -> tuple[float, float]:
+        cost = calibration.model_copy(update={"load_scale": scale}).cost()
+        tpots, ttfts = [], []
+        for r in simulate(requests, config, cost):
+            if r.tpot_s is not None:
+                tpots.append(r.tpot_s)
+            if r.ttft_s is not None:
+                ttfts.append(r.ttft_s)
+        if not tpots or not ttfts:
+            raise InvalidInput("the open-loop run has no request with two tokens to tune on")
+        return float(np.median(tpots)), float(np.median(ttfts))
+
+    low, high = 0.25, 8.0
+    for _ in range(40):  # bisection on log scale: TPOT grows with the step cost
+        mid = math.sqrt(low * high)
+        if simulated(mid)[0] < tpot_p50_s:
+            low = mid
+        else:
+            high = mid
+    scale = math.sqrt(low * high)
+    ttft = simulated(scale)[1]
+    return calibration.model_copy(
+        update={
+            "load_scale": scale,
+            "load_api_s": ttft_p50_s - ttft - calibration.api_s,
+            "tuned_rate": rate,
+        }
+    )
+
+
+def load_rate(calibration: Calibration) -> float:
+    """The rate of the open-loop run to tune on: LOAD_SHARE of what the quiet fit says the
+    engine completes with every slot full, rounded to what a person would type."""
+    from planner.simulate.whatif import Scenario, capacity_rps
+    from planner.workload import parse_profile
+
+    quiet = Scenario(
+        calibration.config(), calibration.cost(), parse_profile(LOAD_PARAMS["profile"]), 200
+    )
+    return round(LOAD_SHARE * capacity_rps(quiet), 2)

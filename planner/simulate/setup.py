@@ -211,7 +211,7 @@ def calibrated_scenario(
         cv=settings.cv,
         slo=slo,
         source=calibration.describe(),
-        api_s=calibration.api_s,
+        api_s=calibration.request_s,
         residuals=(calibration.residual_low, calibration.residual_high),
         calibrated_prompt=calibration.max_prompt,
         calibrated_batch=calibration.max_batch,

@@ -9,6 +9,7 @@ times a run.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -188,7 +189,10 @@ def traffic(
     """`requests` requests: send times from `arrival`, lengths from `profile` (independent
     streams of the same seed), each tagged with its class as the probes tag theirs.
     Multi-turn sessions arrive as independent requests (no waiting for the previous turn)."""
-    times = arrival.offsets(requests, seed)
+    if arrival.kind == "ramp":
+        times: Iterator[float] = iter(arrival.offsets(requests, seed))
+    else:
+        times = itertools.islice(arrival.iter_offsets(seed), requests)
     shapes = profile.iter_shapes(np.random.default_rng([seed, 1]))
     for t, shape in zip(times, shapes, strict=False):
         component = shape.tags.get("component")
@@ -196,14 +200,14 @@ def traffic(
         yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls)
 
 
-def replay(rows: Iterable[tuple[float, int, int, str]]) -> list[SimRequest]:
-    """Stored requests (send time, prompt tokens, output tokens, class) as traffic: in
-    order, the first at 0."""
-    ordered = sorted(rows)
+def replay(rows: Iterable[tuple[float, int, int, str | None]]) -> list[SimRequest]:
+    """Stored requests (send time, prompt tokens, output tokens, mixed-profile component or
+    None) as traffic: in order, the first at 0, classed as the probes class theirs."""
+    ordered = sorted(rows, key=lambda row: row[0])
     if not ordered:
         raise InvalidInput("there are no requests to replay")
     start = ordered[0][0]
-    return [SimRequest(t - start, p, o, cls) for t, p, o, cls in ordered]
+    return [SimRequest(t - start, p, o, shape_class(c, p)) for t, p, o, c in ordered]
 
 
 @dataclass

@@ -100,6 +100,9 @@ class Step(Figures):
     output_tokens_per_s: float
     ttft_s: Percentiles = Percentiles()
     itl_s: Percentiles = Percentiles()
+    # Per request, the decode time over its tokens after the first: unlike ITL, not fooled
+    # by tokens that reach the client together (runs stored before it was kept have none).
+    tpot_s: Percentiles = Percentiles()
     e2e_s: Percentiles
     kv_usage_peak: float | None = None
     preemptions: float | None = None
@@ -200,6 +203,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 output_tokens_per_s=s.output_tokens_per_s,
                 ttft_s=s.ttft_s,
                 itl_s=s.itl_s,
+                tpot_s=s.tpot_s,
                 e2e_s=s.e2e_s,
                 kv_usage_peak=sampler.peak("kv_usage"),
                 preemptions=sampler.increase("preemptions_total"),

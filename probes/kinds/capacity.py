@@ -2,14 +2,17 @@
 
 An SLO is a TTFT bound, a TPOT bound and the share of requests that must be inside both.
 The search brackets (doubling the rate until the SLO breaks), then bisects between the last
-rate that held and the first that did not. A run whose sender was late is not trusted to
-pass: the rate it reports may not be the rate the engine saw.
+rate that held and the first that did not. Given the simulator's prediction
+(`predicted_rps`), it searches around it instead (`planner.simulate.search`: at most six
+rates). A run whose sender was late is not trusted to pass: the rate it reports may not be
+the rate the engine saw.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from planner.simulate import search
 from probes.kinds import latency
 from probes.kinds.chart import Axis, Chart, Color, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
@@ -34,9 +37,18 @@ class Params(latency.Params):
     max_rate: float = Field(64.0, gt=0, description="highest rate tried")
     iterations: int = Field(3, ge=0, le=10, description="bisection steps after bracketing")
     duration_s: float = Field(20.0, gt=0, le=3600, description="seconds per rate")
+    predicted_rps: float | None = Field(
+        None,
+        gt=0,
+        description="the simulator's highest rate meeting the SLO (kvscope simulate "
+        "--target ... max_rate): search around it, at most 6 rates, instead of doubling",
+    )
 
     def attempts(self) -> int:
-        """Rates tried at most: doubling from start_rate past max_rate, then bisecting."""
+        """Rates tried at most: around a prediction, or doubling from start_rate past
+        max_rate, then bisecting."""
+        if self.predicted_rps is not None:
+            return search.MAX_POINTS
         return 2 + self.iterations + max(0, int(self.max_rate / self.start_rate).bit_length())
 
     def load(self) -> PlannedLoad:
@@ -131,28 +143,38 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
 
     good: float | None = None
     bad: float | None = None
-    rate = params.start_rate
-    while rate <= params.max_rate:
-        if await attempt(rate):
-            good = rate
-            rate *= 2
-        else:
-            bad = rate
-            break
-    if good is not None and bad is not None:
-        for _ in range(params.iterations):
-            mid = round((good + bad) / 2, 3)
-            if await attempt(mid):
-                good = mid
+    if params.predicted_rps is not None:
+        guide = search.guided(params.predicted_rps)
+        try:
+            rate = next(guide)
+            while True:
+                rate = guide.send(await attempt(round(rate, 3)))
+        except StopIteration as done:
+            good, bad = done.value.held, done.value.broke
+    else:
+        rate = params.start_rate
+        while rate <= params.max_rate:
+            if await attempt(rate):
+                good = rate
+                rate *= 2
             else:
-                bad = mid
+                bad = rate
+                break
+        if good is not None and bad is not None:
+            for _ in range(params.iterations):
+                mid = round((good + bad) / 2, 3)
+                if await attempt(mid):
+                    good = mid
+                else:
+                    bad = mid
     ctx.report(1.0, Progress(phase="done", steps=steps, share=params.share))
     slo = (
         f"TTFT <= {params.ttft_slo_s:g} s and TPOT <= {params.tpot_slo_s:g} s for "
         f"{params.share:.0%} of requests"
     )
+    lowest = min(s.rate for s in steps)
     if good is None:
-        message = f"the SLO ({slo}) already breaks at {params.start_rate:g} req/s"
+        message = f"the SLO ({slo}) already breaks at {lowest:g} req/s"
     elif bad is None:
         message = f"the SLO ({slo}) held up to the highest rate tried, {good:g} req/s"
     else:
@@ -233,7 +255,8 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
     name="capacity",
     title="Capacity (SLO)",
     command="capacity",
-    summary="The highest request rate at which the SLO holds (bracketing, then bisection).",
+    summary="The highest request rate at which the SLO holds (bracketing, then bisection; "
+    "around the simulator's prediction when given one).",
     params=Params,
     result=Result,
     progress=Progress,
@@ -250,6 +273,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         CliOption("share"),
         CliOption("start_rate"),
         CliOption("max_rate"),
+        CliOption("predicted_rps"),
         CliOption("duration_s", flag="duration"),
         CliOption("prompt_tokens"),
         CliOption("output_tokens"),

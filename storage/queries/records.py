@@ -74,3 +74,20 @@ def target_records(store: Engine, target_id: int, start: float, end: float) -> p
     frame["ok"] = frame["status"] == "ok"
     frame["itl_max_s"] = [max(gaps) / 1000 if gaps else None for gaps in frame.pop("itl_ms")]
     return add_latency_columns(frame)
+
+
+def replayable(store: Engine, run_id: int) -> list[tuple[float, int, int, str | None]]:
+    """A run's answered requests as (send time, prompt tokens, output tokens, component of a
+    mixed profile or None): what a simulator needs to replay them."""
+    frame = run_records(store, run_id)
+    frame = frame[(frame["status"] == "ok") & frame["prompt_tokens"].notna()]
+    return [
+        (float(t), int(p), int(o), (tags or {}).get("component"))
+        for t, p, o, tags in zip(
+            frame["scheduled_ts"],
+            frame["prompt_tokens"],
+            frame["output_tokens"],
+            frame["tags"],
+            strict=True,
+        )
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -79,6 +80,18 @@ def test_cost_page_draws_the_frame_with_a_model_and_records_it(store: Engine) ->
     assert "model" in at.get("plotly_chart")[0].proto.spec  # the source is labelled
     next(b for b in at.button if b.key == "cost_record").click().run()
     assert "default" in q.cost_frames(store)
+
+
+def test_cost_page_takes_shares_from_the_simulator_where_nothing_was_measured(
+    store: Engine,
+) -> None:
+    at = run_page("cost")  # no target, no measurement
+    at.radio(key="cost_stand_in").set_value("simulator").run()
+    assert not at.exception and not at.error
+    assert any(c.value.startswith("Shares simulated (roofline") for c in at.caption)
+    shares = at.dataframe[0].value["share outside SLO"].tolist()
+    # More reserve, less load per replica: never a larger share outside.
+    assert all(a >= b for a, b in itertools.pairwise(shares)) and min(shares) >= 0
 
 
 def test_saving_a_rule_keeps_what_the_form_does_not_show(busy: int, store: Engine) -> None:

@@ -3,6 +3,9 @@ scenario keeps what the measurements fixed."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,12 +17,15 @@ from planner.simulate.calibrate import (
     PrefillSample,
     decode_samples,
     fit,
+    load_rate,
     prefill_samples,
     sweep_prefills,
+    tune,
 )
 from planner.simulate.engine import pairs_of
 from planner.simulate.setup import calibrated_scenario, parse_settings
-from planner.simulate.whatif import predict
+from planner.simulate.whatif import Scenario, predict, traffic
+from planner.workload import Arrival, FixedProfile
 
 TRUE = StepCost(overhead_s=0.004, weights_read_s=0.0, kv_token_read_s=0.0, token_compute_s=3e-6,
                 additive=True, seq_s=1.2e-4, pair_s=3e-8)  # fmt: skip
@@ -33,16 +39,24 @@ def samples(noise: float = 0.0, seed: int = 0) -> tuple[list[DecodeSample], list
     def jitter(x: float) -> float:
         return x * (1 + noise * rng.standard_normal())
 
-    context = SWEEP_CONTEXT[0] + SWEEP_CONTEXT[1] // 2
-    decodes = [
-        DecodeSample(c, context, jitter(TRUE.step_s(c, 0, c, c * (context + 1))))
-        for c in (1, 2, 4, 8)
-    ]
+    context = SWEEP_CONTEXT[0] + SWEEP_CONTEXT[1] / 2
+    decodes = [DecodeSample(c, context, jitter(closed_loop_tpot(c))) for c in (1, 2, 4, 8)]
     # A lone request's TTFT, as the engine simulates it (its prompt in budget-sized chunks).
     prefills = [
         PrefillSample(n, jitter(API_S + lone_ttft(n))) for n in (64, 1024, 4096) for _ in "ab"
     ]
     return decodes, prefills
+
+
+@functools.cache
+def closed_loop_tpot(concurrency: int) -> float:
+    """The median TPOT of a closed loop at `concurrency`, as the engine simulates it: a
+    backlog admitted `concurrency` at a time, each finish letting the next in."""
+    prompt, output = SWEEP_CONTEXT
+    backlog = [SimRequest(0.0, prompt, output) for _ in range(16 * concurrency)]
+    config = replace(CONFIG, max_num_seqs=concurrency)
+    tpots = [r.tpot_s for r in simulate(backlog, config, TRUE) if r.tpot_s is not None]
+    return float(np.median(tpots[2 * concurrency :]))  # past the first, synchronised wave
 
 
 def lone_ttft(prompt: int) -> float:
@@ -53,12 +67,14 @@ def lone_ttft(prompt: int) -> float:
 
 def test_the_fit_recovers_the_step_cost_and_the_api_time() -> None:
     cal = fit(*samples(), CONFIG)
-    assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
-    assert cal.token_s == pytest.approx(TRUE.token_compute_s, rel=1e-5)
-    assert cal.seq_s == pytest.approx(TRUE.seq_s, rel=1e-5)
-    assert cal.pair_s == pytest.approx(TRUE.pair_s, rel=1e-5)
-    assert cal.api_s == pytest.approx(API_S, rel=1e-6)
-    assert abs(cal.residual_low) < 1e-9 and abs(cal.residual_high) < 1e-9
+    # A closed loop's prompts mix into its decode steps only on average in the fit's model:
+    # the coefficients come back within a few per cent, the fit within one.
+    assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=0.05)
+    assert cal.token_s == pytest.approx(TRUE.token_compute_s, rel=0.1)
+    assert cal.seq_s == pytest.approx(TRUE.seq_s, rel=0.1)
+    assert cal.pair_s == pytest.approx(TRUE.pair_s, rel=0.1)
+    assert cal.api_s == pytest.approx(API_S, rel=0.05)
+    assert -0.01 < cal.residual_low <= cal.residual_high < 0.01
     assert (cal.max_prompt, cal.max_batch, cal.samples) == (4096, 8, 10)
     assert cal.config() == CONFIG and cal.cost().additive
 
@@ -117,3 +133,23 @@ def test_a_calibrated_scenario_keeps_what_was_measured() -> None:
     first, second = pairs_of(512, 0), pairs_of(512, 512)
     prefill = cost.step_s(512, 512, 1, first) + cost.step_s(512, 1024, 1, second)
     assert ttft == pytest.approx(cal.api_s + prefill, rel=0.006)
+
+
+def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
+    quiet = fit(*samples(), CONFIG)
+    rate = load_rate(quiet)
+    assert rate > 0
+    # The "engine" under load: every step half as long again, 8 ms more in the API.
+    loaded = StepCost(0.004 * 1.5, 0.0, 0.0, 3e-6 * 1.5, True, 1.2e-4 * 1.5, 3e-8 * 1.5)
+    scenario = Scenario(CONFIG, loaded, FixedProfile(prompt_tokens=256, output_tokens=64), 300)
+    requests = list(traffic(scenario.profile, Arrival(rate=rate), 300, seed=4))
+    results = list(simulate(requests, CONFIG, loaded))
+    tpot = float(np.median([r.tpot_s for r in results if r.tpot_s is not None]))
+    ttft = float(np.median([r.ttft_s for r in results if r.ttft_s is not None])) + API_S + 0.008
+    tuned = tune(quiet, requests, rate, tpot, ttft)
+    assert tuned.load_scale == pytest.approx(1.5, rel=0.05)
+    assert tuned.request_s == pytest.approx(API_S + 0.008, abs=0.002)
+    assert f"open-loop run at {rate:g} req/s" in tuned.describe()
+    assert tuned.cost().seq_s == pytest.approx(quiet.seq_s * tuned.load_scale)
+    with pytest.raises(InvalidInput, match="two tokens"):
+        tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -56,6 +57,12 @@ def test_traffic_comes_from_the_probes_profiles_with_their_classes() -> None:
     assert 0.07 < long_share < 0.13
     # Lengths are the profile's draws (what the probes send for the same seed's shapes).
     assert min(r.prompt_tokens for r in first if r.cls == "long") >= 4000
+    # The simulator streams the probes' schedule: the same times, never held whole.
+    for arrival in (Arrival(rate=3.0), Arrival(kind="gamma", rate=2.0, cv=3.0)):
+        streamed = list(itertools.islice(arrival.iter_offsets(5, chunk=777), 5000))
+        assert streamed == arrival.offsets(5000, 5)
+    with pytest.raises(InvalidInput, match="ramp"):
+        next(Arrival(kind="ramp", rate=1.0, end_rate=2.0, ramp_s=10.0).iter_offsets())
     # Bursty arrivals: gaps with a coefficient of variation near the one asked for.
     bursty = list(traffic(profile, Arrival(kind="gamma", rate=5.0, cv=3.0), 20_000))
     gaps = np.diff([r.arrival_s for r in bursty])

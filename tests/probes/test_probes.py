@@ -145,6 +145,30 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
     assert attempts == list(range(7))
 
 
+def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried: list[float] = []
+
+    async def fake_measure(
+        ctx: ProbeContext, params: Any, rate: float, step: str,
+        share: tuple[float, float] = (0, 1), attempt: int = 0,
+    ) -> Any:  # fmt: skip
+        tried.append(rate)
+        inside = 0.95 if rate <= 6.2 else 0.5  # the truth: 6.2 req/s, the prediction 5
+        return SimpleNamespace(
+            slo_share=inside, trustworthy=True, reason=None, requests=10, errors=0,
+            ttft_s=Percentiles(), tpot_s=Percentiles(), requests_per_s=rate, by_class=[],
+        )  # fmt: skip
+
+    monkeypatch.setattr(latency, "measure", fake_measure)
+    raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "share": 0.9, "predicted_rps": 5}
+    params = parse_params("capacity", raw)
+    assert isinstance(params, capacity.Params) and params.attempts() == 6
+    out = asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
+    assert tried[:4] == [5, 5.5, 6.05, 6.655] and len(tried) <= 6
+    assert out.capacity_rps is not None and out.first_failing_rps is not None
+    assert 6.2 / 1.05 <= out.capacity_rps <= 6.2 < out.first_failing_rps
+
+
 def test_sweep_runs_every_step() -> None:
     params = parse_params(
         "batch_sweep",

@@ -1,0 +1,49 @@
+"""The capacity search around the simulator's prediction: few points, close to a grid."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.errors import InvalidInput
+from planner.simulate import EngineConfig, StepCost
+from planner.simulate.search import MAX_POINTS, guided, run
+from planner.simulate.whatif import Scenario, SloBounds, capacity_rps, max_rate, meets, predict
+from planner.workload import FixedProfile
+
+COST = StepCost(0.002, 0.010, 2e-7, 2e-5)
+CONFIG = EngineConfig(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048)
+SLO = SloBounds(ttft_s=0.15, tpot_s=0.05, share=0.95)
+PREDICTED = Scenario(CONFIG, COST, FixedProfile(prompt_tokens=512, output_tokens=64), 400, slo=SLO)
+
+
+@pytest.mark.parametrize("slower", [0.8, 1.3])
+def test_six_points_land_within_five_percent_of_a_grid(slower: float) -> None:
+    """The engine is the simulator with a step cost off by `slower`; the prediction is the
+    simulator's own. The search must land within 5 % of a 2 % grid's answer."""
+    cost = StepCost(0.002 * slower, 0.010 * slower, 2e-7 * slower, 2e-5 * slower)
+    truth = replace(PREDICTED, cost=cost)
+    capacity = capacity_rps(truth)
+
+    def holds(rate: float) -> bool:
+        return meets(predict(truth, rate, 0, capacity), SLO)
+
+    grid = capacity * 0.6 * 1.02 ** np.arange(60)
+    grid_best = next(float(a) for a, b in itertools.pairwise(grid) if not holds(b))
+    predicted = max_rate(PREDICTED)
+    assert predicted is not None
+    found = run(predicted, holds)
+    assert found.points <= MAX_POINTS and found.held is not None
+    assert abs(found.held / grid_best - 1) <= 0.05 + 0.02  # the grid's own step
+
+
+def test_the_search_stops_when_the_bracket_is_narrow_and_refuses_nonsense() -> None:
+    found = run(10.0, lambda r: r <= 10.2)  # held at 10, broke at 11, then at sqrt(110)
+    assert (found.held, found.points) == (10.0, 3) and found.broke == pytest.approx(110**0.5)
+    nothing = run(10.0, lambda r: False)
+    assert nothing.held is None and nothing.points == MAX_POINTS
+    with pytest.raises(InvalidInput, match="above 0"):
+        next(guided(0.0))
