@@ -59,6 +59,8 @@ bench: install engine-env
 	$(BIN)/python -m benchmarks.loadgen
 	$(BIN)/python -m benchmarks.alerts
 	$(BIN)/python -m benchmarks.worker
+	$(BIN)/python -m benchmarks.simulator --speed
+	$(BIN)/python -m benchmarks.simulator
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .mypy_cache .ruff_cache .pytest_cache test-artifacts

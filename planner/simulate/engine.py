@@ -43,6 +43,10 @@ class EngineConfig:
     # vLLM's --long-prefill-token-threshold: a prefill takes at most this many tokens a
     # step (0: no limit), leaving the rest of the budget to other requests.
     long_prefill_token_threshold: int = 0
+    # vLLM's scheduler_reserve_full_isl (on by default in 0.32): a waiting request is
+    # admitted only when its whole prompt fits in the free blocks, even if its first chunk
+    # would; without it, chunked prefill over-admits and preempts.
+    reserve_full_prompt: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -295,11 +299,13 @@ class _Engine:
 
     def first_chunk(self, w: _Waiting, budget: int) -> int:
         """Tokens the head of the queue would take now (0: it cannot be admitted)."""
-        want = w.tokens
-        if budget <= 0 or (want > budget and not self.config.chunked_prefill):
+        config, want = self.config, w.tokens
+        if budget <= 0 or (want > budget and not config.chunked_prefill):
             return 0
-        want = min(want, budget, self.config.prefill_cap)
-        return want if _blocks_for(want, self.config.block_size) <= self.free else 0
+        if config.reserve_full_prompt and _blocks_for(want, config.block_size) > self.free:
+            return 0
+        want = min(want, budget, config.prefill_cap)
+        return want if _blocks_for(want, config.block_size) <= self.free else 0
 
     def step(self) -> bool:
         """One regular step; False when nothing could be scheduled."""

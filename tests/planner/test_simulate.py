@@ -146,6 +146,20 @@ FITTED = StepCost(0.004, 0.0, 0.0, 3e-6, additive=True, seq_s=1.2e-4, pair_s=3e-
 CASES = {name: (config, COST) for name, config in CONFIGS.items()}
 CASES["fitted-cost"] = (CONFIG, FITTED)
 CASES["fitted-cost-preempting"] = (CONFIGS["preempting"], FITTED)
+CASES["first-chunk-admission"] = (replace(CONFIGS["preempting"], reserve_full_prompt=False), COST)
+
+
+def test_a_prompt_waits_until_all_of_it_fits_as_vllm_0_32_admits() -> None:
+    """Two 1,280-token requests fit in 95 blocks of 32 with room to grow; admitting a third
+    on its first 512-token chunk (as before scheduler_reserve_full_isl) makes them preempt
+    each other; admitting it only when its whole prompt fits does not."""
+    config = EngineConfig(num_blocks=95, block_size=32, max_num_seqs=8,
+                          max_num_batched_tokens=512, max_model_len=2048)  # fmt: skip
+    traffic = [SimRequest(0.1 * i, 1024, 256) for i in range(6)]
+    whole, first = EngineStats(), EngineStats()
+    assert len(list(simulate(traffic, config, COST, whole))) == 6 and whole.preemptions == 0
+    loose = replace(config, reserve_full_prompt=False)
+    assert len(list(simulate(traffic, loose, COST, first))) == 6 and first.preemptions > 0
 
 
 @pytest.mark.parametrize(("config", "cost"), CASES.values(), ids=CASES.keys())

@@ -147,6 +147,8 @@ def reference_simulate(
             want = seq.prompt_left
             if want > budget and not config.chunked_prefill:
                 break
+            if config.reserve_full_prompt and _blocks_for(want, config.block_size) > free:
+                break
             want = min(want, budget, _cap(config))
             need = _blocks_for(want, config.block_size)
             if need > free:
