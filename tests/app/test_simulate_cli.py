@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from typer.testing import CliRunner
 
+import app.cli
+from planner.errors import KvscopeError
 from planner.simulate.calibrate import CALIBRATION_KEY, fit
 from storage import queries as q
 from tests.planner.test_calibrate import CONFIG, samples
@@ -60,10 +63,15 @@ def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
         (("--rate", "1", "--profile", "nope"), "nope"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
-    result = kvscope(*BASE, *args)
-    assert result.returncode == 2, result.stdout
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+def test_bad_input_is_refused_by_name(args: tuple[str, ...], message: str) -> None:
+    result = CliRunner().invoke(app.cli.app, [*BASE, *args])
+    assert isinstance(result.exception, KvscopeError), result.output
+    assert message in str(result.exception)
+
+
+def test_a_refusal_is_one_line_and_exit_2() -> None:
+    result = kvscope(*BASE, "--rate", "1", "--set", "colour=red")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
