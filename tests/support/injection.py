@@ -43,8 +43,9 @@ LOADS: dict[str, dict[str, Any]] = {
     "none": {"rate": 0.5, "prompt_tokens": 64, "output_tokens": 32},
     "queueing": {"rate": 16, "prompt_tokens": 64, "output_tokens": 64},
     "kv_pressure": {"rate": 1, "prompt_tokens": 6000, "output_tokens": 500},
-    # One a second: at two, beside a CPU hog, the slowed engine also queued (two causes).
-    "prefill_interference": {"rate": 1, "profile": MIX},
+    # Three in four seconds: at two a second, beside a CPU hog, the slowed engine also
+    # queued (two causes), and once at one a second (a clean-clone run, queue mean 0.9 s).
+    "prefill_interference": {"rate": 0.75, "profile": MIX},
     "down": {"rate": 1, "prompt_tokens": 64, "output_tokens": 32},
 }
 KILL_AFTER_S = 6.0
