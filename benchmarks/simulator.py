@@ -30,11 +30,8 @@ from planner.simulate.calibrate import (
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
-    decode_samples,
-    fit,
     load_rate,
-    prefill_samples,
-    sweep_prefills,
+    quiet_fit,
     tune,
 )
 from planner.simulate.roofline import roofline_cost
@@ -78,11 +75,7 @@ def calibrate(worker: Worker, request: injection.Request) -> Calibration:
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
     config = engine_config(spec, worker.settings.data_dir)
     lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-    quiet = fit(
-        decode_samples(sweep_run.summary),
-        sweep_prefills(sweep_run.summary) + prefill_samples(lone),
-        config,
-    )
+    quiet = quiet_fit(sweep_run.summary, lone, config)
     rate = load_rate(quiet)
     loaded = request("latency", target=injection.NAME, timeout=900, rate=rate, **LOAD_PARAMS)
     if loaded.status != "done":

@@ -26,11 +26,8 @@ from planner.simulate.calibrate import (
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
-    decode_samples,
-    fit,
     load_rate,
-    prefill_samples,
-    sweep_prefills,
+    quiet_fit,
     tune,
 )
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
@@ -238,11 +235,7 @@ def calibrate(
         run_id, _ = run_local_probe(KINDS["latency"], target, dict(PREFILL_PARAMS))
         frame = q.run_records(store, run_id)
         lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-        quiet = fit(
-            decode_samples(sweep_summary),
-            sweep_prefills(sweep_summary) + prefill_samples(lone),
-            engine,
-        )
+        quiet = quiet_fit(sweep_summary, lone, engine)
         rate = load_rate(quiet)
         load_id, loaded = run_local_probe(KINDS["latency"], target, dict(LOAD_PARAMS, rate=rate))
         fitted = tune(

@@ -232,6 +232,16 @@ def fit(
     )
 
 
+def quiet_fit(
+    sweep: Mapping[str, Any],
+    lone: Iterable[tuple[int | None, float | None]],
+    config: EngineConfig,
+) -> Calibration:
+    """The fit of a calibration's first two measurements: a batch sweep's result and lone
+    requests' (prompt tokens, TTFT) records."""
+    return fit(decode_samples(sweep), sweep_prefills(sweep) + prefill_samples(lone), config)
+
+
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with every coefficient >= 0: drop the most negative and refit."""
     active = list(range(x.shape[1]))

@@ -19,6 +19,7 @@ from planner.simulate.calibrate import (
     fit,
     load_rate,
     prefill_samples,
+    quiet_fit,
     sweep_prefills,
     tune,
 )
@@ -153,3 +154,10 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
     assert tuned.cost().seq_s == pytest.approx(quiet.seq_s * tuned.load_scale)
     with pytest.raises(InvalidInput, match="two tokens"):
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
+
+
+def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:
+    decodes, prefills = samples()
+    sweep = {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}
+    lone = [(p.prompt_tokens, p.ttft_s) for p in prefills]
+    assert quiet_fit(sweep, lone, CONFIG) == fit(decodes, prefills, CONFIG)
