@@ -187,7 +187,8 @@ class RequestShape:
     """Token lengths of one request and what it shares with others.
 
     `prefix` (key, tokens): the first tokens are the same text for every shape with that
-    key. `session`/`turn`: turn k's prompt is turn k-1's prompt followed by new text.
+    key. `session`/`turn`: turn k's prompt is turn k-1's prompt and answer (its first
+    `context_tokens`) followed by new text.
     """
 
     prompt_tokens: int
@@ -195,6 +196,7 @@ class RequestShape:
     prefix: tuple[str, int] | None = None
     session: str | None = None
     turn: int = 0
+    context_tokens: int = 0
     tags: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -302,7 +304,9 @@ class MultiTurnProfile(_Profile):
                     new = self.first_prompt.draw(rng)
                 prompt = context + new
                 tags = {"profile": self.kind, "session": session, "turn": turn}
-                yield RequestShape(prompt, output, session=session, turn=turn, tags=tags)
+                yield RequestShape(
+                    prompt, output, session=session, turn=turn, context_tokens=context, tags=tags
+                )
                 live[slot] = (session, turn + 1, prompt + output)
 
 

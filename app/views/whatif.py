@@ -241,6 +241,7 @@ def render() -> None:
                 "E2E p99 (s)": p.prediction.e2e_s.p99,
                 "SLO share": p.prediction.slo_share,
                 "preemptions": p.prediction.preemptions,
+                "prefix cache hits": p.prediction.prefix_hit_rate,
                 "utilisation": p.prediction.utilisation,
             }
             for label, pts in curves.items()

@@ -8,7 +8,11 @@ is left of the budget, without it a prompt is admitted whole or not at all. KV b
 `block_size` tokens are allocated as tokens are computed; when a running request needs a
 block and none is free, the newest running request is preempted (its blocks freed,
 recomputed from scratch later) and counted. A request longer than `max_model_len` is
-refused. The step's duration comes from a `StepCost`; the step that completes a prompt
+refused. With prefix caching, a request whose first tokens another request under the same
+key computed before (a shared system prompt, the earlier turns of a chat) starts with those
+full blocks computed, shares them instead of holding its own copy, and publishes the blocks
+it completes; cached blocks nobody runs with stay until the least recently used are evicted
+for room. The step's duration comes from a `StepCost`; the step that completes a prompt
 emits the first token, each decode step one more.
 
 The running set lives in numpy arrays (one step costs a few array operations whatever the
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -47,6 +51,8 @@ class EngineConfig:
     # admitted only when its whole prompt fits in the free blocks, even if its first chunk
     # would; without it, chunked prefill over-admits and preempts.
     reserve_full_prompt: bool = True
+    # vLLM's --enable-prefix-caching (on by default in V1).
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -117,12 +123,19 @@ def pairs_of(chunk: int, cached: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
-    """One request of the traffic: when it arrives, its lengths and its class."""
+    """One request of the traffic: when it arrives, its lengths and its class. `prefix`
+    names what it shares with others: its first `prefix_tokens` are the same text as the
+    first tokens of earlier requests under that key, and later ones may reuse its first
+    `shares_tokens` (a system prompt: both its length; a chat turn: the earlier turns, and
+    then its own prompt and answer)."""
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     cls: str = ""
+    prefix: str | None = None
+    prefix_tokens: int = 0
+    shares_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +162,10 @@ class EngineStats:
     busy_s: float = 0.0
     stretches: int = 0  # runs of decode-only steps taken in one go
     max_batch: int = 0  # most requests scheduled in one step
+    # Prompt tokens looked up in the prefix cache at admission, and those found there
+    # (vLLM's prefix_cache_queries and prefix_cache_hits).
+    prefix_queries: int = 0
+    prefix_hits: int = 0
     # (time, KV blocks in use, requests waiting), one row per step when sampling is asked
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
 
@@ -186,23 +203,31 @@ class _Running:
     def __init__(self, capacity: int) -> None:
         self.n = 0
         self.reqs: list[SimRequest] = []
-        self.ints = np.zeros((6, capacity), dtype=np.int64)
+        self.ints = np.zeros((9, capacity), dtype=np.int64)
         self.floats = np.zeros((4, capacity))
         (
             self.prompt,
             self.output,
             self.generated,
             self.computed,
-            self.blocks,
+            self.blocks,  # held alone
             self.preemptions,
+            self.base,  # of its context, held by the prefix cache
+            self.shares,  # tokens it may publish to the prefix cache
+            self.published,  # blocks of those it has published
         ) = self.ints  # rows: views that stay valid
         self.scheduled_s, self.first_s, self.last_s, self.itl_max_s = self.floats
 
-    def add(self, w: _Waiting, now: float) -> None:
+    def add(
+        self, w: _Waiting, now: float, blocks: int, hit: int = 0, cached: int = 0, shares: int = 0
+    ) -> None:
+        """Run `w`, holding `blocks` alone; its first `cached` tokens (`hit` blocks) found
+        in the prefix cache; `shares` tokens it may publish there."""
         i = self.n
         self.reqs.append(w.req)
         self.prompt[i], self.output[i] = w.req.prompt_tokens, w.req.output_tokens
-        self.generated[i], self.computed[i], self.blocks[i] = w.generated, 0, 0
+        self.generated[i], self.computed[i], self.blocks[i] = w.generated, cached, blocks
+        self.base[i], self.shares[i], self.published[i] = hit, shares, hit
         self.preemptions[i] = w.preemptions
         self.scheduled_s[i] = now if math.isnan(w.scheduled_s) else w.scheduled_s
         self.first_s[i], self.last_s[i], self.itl_max_s[i] = w.first_s, w.last_s, w.itl_max_s
@@ -237,6 +262,66 @@ class _Running:
         return self.prompt[:n] + self.generated[:n] - self.computed[:n]
 
 
+class _PrefixCache:
+    """Full KV blocks computed under each prefix key: pinned while a running request uses
+    them, evictable (the least recently used key first, whole) when none does. Blocks of
+    one key are a chain: a request finds the first ones it has in common with it."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, int] = {}
+        self.refs: dict[str, int] = {}
+        self.idle: OrderedDict[str, None] = OrderedDict()  # unpinned keys, oldest first
+        self.evictable = 0  # blocks of unpinned keys
+
+    def room_for(self, key: str | None) -> int:
+        """Blocks eviction could free if a request under `key` were admitted (its own key's
+        blocks it would pin, not evict)."""
+        if key is not None and key in self.idle:
+            return self.evictable - self.blocks[key]
+        return self.evictable
+
+    def pin(self, key: str) -> None:
+        refs = self.refs.get(key, 0)
+        if not refs:
+            if key in self.idle:
+                del self.idle[key]
+                self.evictable -= self.blocks[key]
+            else:
+                self.blocks.setdefault(key, 0)
+        self.refs[key] = refs + 1
+
+    def unpin(self, key: str) -> None:
+        refs = self.refs[key] - 1
+        if refs:
+            self.refs[key] = refs
+            return
+        del self.refs[key]
+        if self.blocks[key]:
+            self.idle[key] = None
+            self.evictable += self.blocks[key]
+        else:
+            del self.blocks[key]
+
+    def evict(self, blocks: int) -> int:
+        """Free at least `blocks` if that many are evictable, the oldest keys first; the
+        blocks freed."""
+        freed = 0
+        while freed < blocks and self.idle:
+            key, _ = self.idle.popitem(last=False)
+            freed += self.blocks.pop(key)
+        self.evictable -= freed
+        return freed
+
+    def grow(self, key: str, blocks: int) -> int:
+        """Publish the first `blocks` of a pinned key's chain; how many were new (they move
+        from the request that computed them to the cache)."""
+        new = blocks - self.blocks[key]
+        if new <= 0:
+            return 0
+        self.blocks[key] = blocks
+        return new
+
+
 class _Engine:
     """One run's state; `run` drives it."""
 
@@ -257,7 +342,8 @@ class _Engine:
         self.last_arrival = -math.inf
         self.waiting: deque[_Waiting] = deque()
         self.running = _Running(config.max_num_seqs)
-        self.free = config.num_blocks
+        self.free = config.num_blocks  # held by nothing, cached by nothing
+        self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
         self.decoding = False  # every running request decoding, its last token at `now`
 
@@ -297,15 +383,37 @@ class _Engine:
                 self.waiting.append(_Waiting(r))
             self.pending = next(self.arrivals, None)
 
-    def first_chunk(self, w: _Waiting, budget: int) -> int:
-        """Tokens the head of the queue would take now (0: it cannot be admitted)."""
-        config, want = self.config, w.tokens
+    def hit(self, w: _Waiting) -> int:
+        """Blocks of `w`'s context the prefix cache holds (at least one token to compute)."""
+        key = w.req.prefix
+        if self.cache is None or key is None:
+            return 0
+        bs = self.config.block_size
+        return min(self.cache.blocks.get(key, 0), w.req.prefix_tokens // bs, (w.tokens - 1) // bs)
+
+    def first_chunk(self, w: _Waiting, budget: int) -> tuple[int, int]:
+        """Tokens the head of the queue would compute now (0: it cannot be admitted), and
+        the blocks of its context found in the prefix cache."""
+        config, bs = self.config, self.config.block_size
+        hit = self.hit(w)
+        cached = hit * bs
+        want = w.tokens - cached
         if budget <= 0 or (want > budget and not config.chunked_prefill):
-            return 0
-        if config.reserve_full_prompt and _blocks_for(want, config.block_size) > self.free:
-            return 0
+            return 0, hit
+        room = self.free
+        if self.cache is not None:
+            room += self.cache.room_for(w.req.prefix)
+        if config.reserve_full_prompt and _blocks_for(w.tokens, bs) - hit > room:
+            return 0, hit
         want = min(want, budget, config.prefill_cap)
-        return want if _blocks_for(want, config.block_size) <= self.free else 0
+        return (want if _blocks_for(cached + want, bs) - hit <= room else 0), hit
+
+    def take(self, blocks: int) -> None:
+        """Take `blocks` from the free ones, evicting cached blocks if they are short."""
+        if blocks > self.free and self.cache is not None:
+            self.free += self.cache.evict(blocks - self.free)
+        self.free -= blocks
+        assert self.free >= 0
 
     def step(self) -> bool:
         """One regular step; False when nothing could be scheduled."""
@@ -325,13 +433,21 @@ class _Engine:
         budget = config.max_num_batched_tokens - int(got[: run.n].sum())
         # As vLLM V1: no new admissions in a step that had to preempt.
         while not preempted and self.waiting and run.n < config.max_num_seqs:
-            chunk = self.first_chunk(self.waiting[0], budget)
+            chunk, hit = self.first_chunk(self.waiting[0], budget)
             if not chunk:
                 break
-            need = _blocks_for(chunk, config.block_size)
-            run.add(self.waiting.popleft(), self.now)
-            self.free -= need
-            run.blocks[run.n - 1] = need
+            w = self.waiting.popleft()
+            cached = hit * config.block_size
+            need = _blocks_for(cached + chunk, config.block_size) - hit
+            shares = 0
+            if self.cache is not None:
+                stats.prefix_queries += w.tokens
+                stats.prefix_hits += cached
+                if w.req.prefix is not None:
+                    self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
+                    shares = w.req.shares_tokens
+            self.take(need)
+            run.add(w, self.now, need, hit, cached, shares)
             got[run.n - 1] = chunk
             budget -= chunk
         n = run.n
@@ -359,6 +475,7 @@ class _Engine:
         if self.on_gaps is not None and gaps.size:
             self.on_gaps(gaps, 1.0)
         run.last_s[:n][emit] = self.now
+        self.publish()
         stats.max_batch = max(stats.max_batch, int(scheduled.sum()))
         # Every request emitted: all are decoding, and their last token came just now.
         self.decoding = bool(emit.all())
@@ -372,16 +489,21 @@ class _Engine:
         preempted = False
         while run.n:
             n = run.n
-            need = np.maximum(-(-(run.computed[:n] + got[:n]) // bs) - run.blocks[:n], 0)
-            short = np.cumsum(need) > self.free
-            if not short[-1]:
-                self.free -= int(need.sum())
+            held = run.base[:n] + run.blocks[:n]
+            need = np.maximum(-(-(run.computed[:n] + got[:n]) // bs) - held, 0)
+            total = int(need.sum())
+            if total > self.free and self.cache is not None:
+                self.free += self.cache.evict(total - self.free)
+            if total <= self.free:
+                self.free -= total
                 run.blocks[:n] += need
                 return preempted
             # The first request that cannot grow: the newest goes (maybe itself); retry.
             waiting, blocks = run.pop()
             got[run.n] = 0
             self.free += blocks
+            if self.cache is not None and waiting.req.prefix is not None:
+                self.cache.unpin(waiting.req.prefix)
             self.waiting.appendleft(waiting)
             self.stats.preemptions += 1
             preempted = True
@@ -399,7 +521,7 @@ class _Engine:
         arrival = math.inf
         if self.waiting:
             # Blocked now means blocked throughout: free blocks only shrink in the stretch.
-            if n < config.max_num_seqs and self.first_chunk(self.waiting[0], budget):
+            if n < config.max_num_seqs and self.first_chunk(self.waiting[0], budget)[0]:
                 return False
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
@@ -430,14 +552,32 @@ class _Engine:
         run.generated[:n] += k
         run.computed[:n] += k
         self.free -= int(need.sum())
+        self.publish()
         return True
 
     def _blocks_needed(self, k: int) -> np.ndarray:
         """Blocks each running request needs to decode `k` more tokens."""
         run, bs = self.running, self.config.block_size
         n = run.n
-        need: np.ndarray = np.maximum(-(-(run.computed[:n] + k) // bs) - run.blocks[:n], 0)
+        held = run.base[:n] + run.blocks[:n]
+        need: np.ndarray = np.maximum(-(-(run.computed[:n] + k) // bs) - held, 0)
         return need
+
+    def publish(self) -> None:
+        """Hand the full blocks running requests computed of what they share to the prefix
+        cache (the blocks stay where they are; who holds them changes)."""
+        cache, run = self.cache, self.running
+        if cache is None or not cache.refs:
+            return
+        n = run.n
+        ready = np.minimum(run.computed[:n], run.shares[:n]) // self.config.block_size
+        for i in np.flatnonzero(ready > run.published[:n]).tolist():
+            key = run.reqs[i].prefix
+            assert key is not None
+            moved = cache.grow(key, int(ready[i]))
+            run.blocks[i] -= moved
+            run.base[i] += moved
+            run.published[i] = ready[i]
 
     def _span(self, limit: int) -> int:
         """Most decode steps (up to `limit`) whose blocks are free."""
@@ -459,10 +599,15 @@ class _Engine:
         if done.any():
             for i in np.flatnonzero(done).tolist():
                 yield self.result(i)
+                key = run.reqs[i].prefix
+                if self.cache is not None and key is not None:
+                    self.cache.unpin(key)
             self.free += int(run.blocks[:n][done].sum())
             run.keep(~done)
         if self.sample_every_s is not None and self.now >= self.next_sample:
-            used = self.config.num_blocks - self.free
+            # As vLLM's KV usage: cached blocks nobody runs with count as free.
+            idle = self.cache.evictable if self.cache is not None else 0
+            used = self.config.num_blocks - self.free - idle
             self.stats.timeline.append((self.now, used, len(self.waiting)))
             self.next_sample = self.now + self.sample_every_s
 

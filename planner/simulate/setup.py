@@ -33,6 +33,7 @@ class Settings(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=16)
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     max_model_len: int | None = Field(None, ge=16)
@@ -129,6 +130,7 @@ def scenario(
         max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=batched,
         chunked_prefill=settings.enable_chunked_prefill,
+        prefix_caching=settings.enable_prefix_caching,
         max_model_len=plan.max_model_len,
         long_prefill_token_threshold=settings.long_prefill_token_threshold,
     )
@@ -171,6 +173,7 @@ SCHEDULING = {
     "max_num_seqs": "max_num_seqs",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "enable_chunked_prefill": "chunked_prefill",
+    "enable_prefix_caching": "prefix_caching",
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "max_model_len": "max_model_len",
 }

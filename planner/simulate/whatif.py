@@ -12,14 +12,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import EngineConfig, EngineStats, SimRequest, StepCost, simulate
-from planner.workload import Arrival, Profile, shape_class
+from planner.workload import Arrival, Profile, RequestShape, shape_class
 
 # Past this utilisation (the rate over the most the engine completes with every slot full),
 # queueing dominates and small errors in the step cost move the tail a lot: the prediction
@@ -140,6 +140,8 @@ class Prediction(_Out):
     e2e_s: Figures
     queue_s: Figures
     preemptions: int
+    # Share of prompt tokens found in the prefix cache (None: prefix caching off).
+    prefix_hit_rate: float | None = None
     capacity_rps: float  # requests/s the engine completes with every request at once
     utilisation: float  # rate / capacity_rps
     output_tokens_per_s: float
@@ -197,7 +199,19 @@ def traffic(
     for t, shape in zip(times, shapes, strict=False):
         component = shape.tags.get("component")
         cls = shape_class(str(component) if component else None, shape.prompt_tokens)
-        yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls)
+        yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls, *_shared(shape))
+
+
+def _shared(shape: RequestShape) -> tuple[str | None, int, int]:
+    """What a request shares through the prefix cache: its key, the tokens it may find
+    there, the tokens it leaves there for later ones."""
+    if shape.prefix is not None:
+        key, tokens = shape.prefix
+        return key, tokens, tokens
+    if shape.session is not None:
+        # The next turn begins with this turn's prompt and answer.
+        return shape.session, shape.context_tokens, shape.prompt_tokens + shape.output_tokens
+    return None, 0, 0
 
 
 def replay(rows: Iterable[tuple[float, int, int, str | None]]) -> list[SimRequest]:
@@ -225,7 +239,7 @@ def capacity_rps(scenario: Scenario) -> float:
     once (every slot full, the queue never empty): the rate the utilisation is measured
     against."""
     burst = (
-        SimRequest(0.0, r.prompt_tokens, r.output_tokens)
+        replace(r, arrival_s=0.0)
         for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
     )
     end, done = 0.0, 0
@@ -302,6 +316,9 @@ def predict(
         e2e_s=every.e2e.figures(),
         queue_s=every.queue.figures(),
         preemptions=stats.preemptions,
+        prefix_hit_rate=(
+            stats.prefix_hits / stats.prefix_queries if stats.prefix_queries else None
+        ),
         capacity_rps=capacity,
         utilisation=rate / capacity,
         output_tokens_per_s=tokens / duration,

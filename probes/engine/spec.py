@@ -509,5 +509,6 @@ def engine_config(spec: EngineSpec, data_dir: Path) -> EngineConfig:
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,
         chunked_prefill=spec.enable_chunked_prefill is not False,
+        prefix_caching=spec.enable_prefix_caching is not False,
         max_model_len=layout.max_model_len,
     )

@@ -12,6 +12,7 @@ from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
+from planner.simulate.engine import pairs_of
 from planner.simulate.roofline import roofline_cost
 from tests.support.sim_reference import reference_simulate
 
@@ -185,3 +186,74 @@ def test_vectorised_engine_matches_the_plain_scheduler(
     assert fast_stats.busy_s == pytest.approx(plain_stats.busy_s, rel=1e-12)
     # The stretches ran (a run without any would pass the comparison without testing them).
     assert fast_stats.stretches > 0 and slow_stats.stretches == 0
+
+
+def test_a_shared_prefix_is_computed_once_and_then_found_in_the_cache() -> None:
+    """The second request under a key starts with the first's 1,024 system-prompt tokens
+    computed (64 full blocks): its prefill is its 76 own tokens; with prefix caching off it
+    computes all 1,100 again."""
+    traffic = [SimRequest(t, 1100, 2, prefix="sys", prefix_tokens=1024, shares_tokens=1024)
+               for t in (0.0, 10.0)]  # fmt: skip
+    stats = EngineStats()
+    first, second = simulate(traffic, CONFIG, COST, stats)
+    assert first.ttft_s == pytest.approx(COST.step_s(1100, 1100, 1, pairs_of(1100, 0)))
+    assert second.ttft_s == pytest.approx(COST.step_s(76, 1100, 1, pairs_of(76, 1024)))
+    assert (stats.prefix_queries, stats.prefix_hits) == (2200, 1024)
+    off = EngineStats()
+    again = list(simulate(traffic, replace(CONFIG, prefix_caching=False), COST, off))
+    assert again[1].ttft_s == pytest.approx(first.ttft_s) and off.prefix_queries == 0
+
+
+def test_requests_under_one_prefix_hold_one_copy_of_its_blocks() -> None:
+    """Eight requests running together on a 1,024-token prefix: the prefix's 64 blocks once
+    (about 130 blocks in use), not eight times (about 600)."""
+    traffic = [SimRequest(0.05 * i, 1056, 400, prefix="sys", prefix_tokens=1024,
+                          shares_tokens=1024) for i in range(8)]  # fmt: skip
+    peaks = []
+    for caching in (True, False):
+        stats = EngineStats()
+        config = replace(CONFIG, prefix_caching=caching)
+        assert len(list(simulate(traffic, config, COST, stats, sample_every_s=0.0))) == 8
+        peaks.append(max(used for _, used, _ in stats.timeline))
+    shared, alone = peaks
+    assert shared <= 64 + 8 * 30 < 8 * 64 <= alone
+
+
+@pytest.mark.parametrize(("keys", "hits"), [(["a", "b", "a"], 1536), (["a", "b", "c", "a"], 0)])
+def test_idle_cached_blocks_are_evicted_oldest_first_before_anyone_is_preempted(
+    keys: list[str], hits: int
+) -> None:
+    """200 blocks hold two idle 96-block prefixes: a third evicts the oldest, so "a" comes
+    back to a hit after one other key and to nothing after two; nobody is preempted."""
+    config = EngineConfig(num_blocks=200, block_size=16, max_num_batched_tokens=2048,
+                          max_model_len=2048)  # fmt: skip
+    traffic = [SimRequest(10.0 * i, 1600, 2, prefix=k, prefix_tokens=1536, shares_tokens=1536)
+               for i, k in enumerate(keys)]  # fmt: skip
+    stats = EngineStats()
+    assert len(list(simulate(traffic, config, COST, stats))) == len(keys)
+    assert stats.prefix_hits == hits and stats.preemptions == 0
+
+
+def test_chat_turns_find_the_earlier_turns_in_the_cache_with_and_without_stretches() -> None:
+    """Sessions publish their prompts and answers as they compute them; the next turn finds
+    them. Decode stretches (which publish at their end) give the same results to the bit."""
+    rng = np.random.default_rng(5)
+    traffic, context = [], dict.fromkeys(range(6), 0)
+    for i, t in enumerate(np.cumsum(rng.exponential(0.5, 120))):
+        s = i % 6
+        prompt, output = context[s] + int(rng.integers(20, 200)), int(rng.integers(5, 120))
+        if prompt + output > 4000:
+            prompt, context[s] = int(rng.integers(20, 200)), 0
+        seen, shares = context[s], prompt + output
+        traffic.append(SimRequest(float(t), prompt, output, "", f"s{s}", seen, shares))
+        context[s] = prompt + output
+    rates = []
+    for blocks in (4096, 700):  # room for every session; too little (evictions)
+        config = replace(CONFIG, num_blocks=blocks, max_model_len=4096)
+        slow_stats, fast_stats = EngineStats(), EngineStats()
+        slow = list(simulate(traffic, config, COST, slow_stats, fast_forward=False))
+        fast = list(simulate(traffic, config, COST, fast_stats))
+        assert slow == fast and fast_stats.stretches > 0
+        assert slow_stats.prefix_hits == fast_stats.prefix_hits
+        rates.append(fast_stats.prefix_hits / fast_stats.prefix_queries)
+    assert rates[0] > 0.6 and rates[1] < rates[0] - 0.1
