@@ -1,8 +1,11 @@
 """Database engine, connection pragmas, sessions, schema upgrades, and the error boundary.
 
 SQLite gets WAL, a busy timeout and foreign keys on every connection (a connect-event
-listener), so the console can read while the worker writes. Other URLs (PostgreSQL) pass
-through untouched. The schema is owned by Alembic; `upgrade()` brings any file to head.
+listener), so the console can read while the worker writes. PostgreSQL (psycopg 3; a
+plain `postgresql://` URL is taken to mean it) gets a bounded connection pool that checks
+connections before use, and per-connection statement and lock timeouts, so one slow query
+on a shared server fails with a message instead of holding a page or a job. The schema is
+owned by Alembic; `upgrade()` brings any file to head.
 Every driver failure on an engine made here leaves it as a `StorageError` subclass (a
 `handle_error` listener), so no query and no caller catches SQLAlchemy's exceptions.
 """
@@ -35,6 +38,10 @@ from planner.errors import (
 )
 
 BUSY_TIMEOUT_MS = 5000
+# A query on a shared server that runs longer than this is cancelled by the server.
+STATEMENT_TIMEOUT_MS = 60_000
+# Per process: the console, the worker and the CLI each hold a pool of their own.
+POOL_SIZE, POOL_OVERFLOW = 5, 10
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,12 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
         DatabaseLocked,
         "the database is locked by another process ({where}): it held the lock past the "
         "{timeout_ms} ms busy timeout; try again, or stop the process that holds it",
+    ),
+    Failure(
+        ("canceling statement due to statement timeout",),
+        DatabaseLocked,
+        "a query ran past the database's statement timeout ({where}): the server is "
+        "overloaded or a table lacks its index; try again, or ask less (a shorter window)",
     ),
     Failure(
         ("database or disk is full", "no space left on device", "disk quota exceeded"),
@@ -127,6 +140,9 @@ def storage_error(
 
 def _error_boundary(where: str, busy_timeout_ms: int) -> Callable[[ExceptionContext], None]:
     def on_error(ctx: ExceptionContext) -> None:
+        # The pool's liveness check must see the driver's error to replace the connection.
+        if ctx.is_pre_ping:
+            return
         # Only driver failures: a bug in a statement (a TypeError while binding) stays a bug.
         if isinstance(ctx.sqlalchemy_exception, DBAPIError):
             # SQLAlchemy raises what a handler raises, chained to the driver's exception.
@@ -158,8 +174,45 @@ def _private_file(path: Path) -> None:
         path.chmod(0o600)
 
 
-def make_engine(url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
-    """Create an engine for `url`; for a SQLite file, create its folder and set pragmas."""
+def normalise_url(url: str) -> str:
+    """`postgresql://` and `postgres://` mean psycopg 3 (SQLAlchemy would look for psycopg2,
+    which kvscope does not install)."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain) :]
+    return url
+
+
+def _postgres_options(busy_timeout_ms: int, statement_timeout_ms: int) -> dict[str, Any]:
+    return {
+        "pool_size": POOL_SIZE,
+        "max_overflow": POOL_OVERFLOW,
+        "pool_timeout": busy_timeout_ms / 1000,
+        "pool_pre_ping": True,  # a server restart leaves dead connections in the pool
+        "pool_recycle": 1800,
+        "connect_args": {
+            "connect_timeout": 10,
+            "application_name": "kvscope",
+            "options": (
+                f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={busy_timeout_ms} "
+                "-c idle_in_transaction_session_timeout=300000"
+            ),
+        },
+    }
+
+
+def make_engine(
+    url: str,
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    **kwargs: Any,
+) -> Engine:
+    """Create an engine for `url`; for a SQLite file, create its folder and set pragmas;
+    for PostgreSQL, pool and timeouts."""
+    url = normalise_url(url)
+    if url.startswith("postgresql"):
+        for key, value in _postgres_options(busy_timeout_ms, statement_timeout_ms).items():
+            kwargs.setdefault(key, value)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":

@@ -1,4 +1,9 @@
-"""Shared fixtures: a real SQLite store in a temporary folder, settings pointing at it.
+"""Shared fixtures: a real store in a temporary folder, settings pointing at it.
+
+The store is a SQLite file; the tests under `BOTH_BACKENDS` run twice, on SQLite and on a
+PostgreSQL database of their own (a throwaway cluster the session starts, see
+tests/support/postgres.py). `KVSCOPE_TEST_BACKENDS=sqlite` runs them on SQLite only; a test
+of something only SQLite has is marked `sqlite_only`.
 
 `KVSCOPE_TEST_CPU_HOG=N` keeps N cores busy with spinning processes for the whole session
 (stopped by PID at its end), so the suite is run as CI's shared machine runs it.
@@ -17,8 +22,21 @@ from sqlalchemy import Engine
 
 from storage.db import open_store
 from storage.settings import Settings
+from tests.support.postgres import Cluster, start_cluster
 
 _HOGS: list[subprocess.Popen[bytes]] = []
+_TESTS = Path(__file__).parent
+# The tests of what reads and writes the store: they run on both backends.
+BOTH_BACKENDS = (
+    "storage",
+    "probes/test_worker.py",
+    "probes/test_worker_lease.py",
+    "probes/test_worker_isolation.py",
+    "probes/test_alerts.py",
+    "app/test_pages.py",
+    "app/test_slo_alert_cost_pages.py",
+    "app/test_targets_page.py",
+)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -34,6 +52,33 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         hog.kill()
         hog.wait(timeout=10)
     _HOGS.clear()
+
+
+def _backends() -> list[str]:
+    raw = os.environ.get("KVSCOPE_TEST_BACKENDS", "sqlite,postgresql")
+    chosen = [b.strip() for b in raw.split(",") if b.strip()]
+    unknown = set(chosen) - {"sqlite", "postgresql"}
+    if unknown or not chosen:
+        raise pytest.UsageError(
+            f"KVSCOPE_TEST_BACKENDS takes sqlite and/or postgresql, not {raw!r}"
+        )
+    return chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: tests something only SQLite has")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The store-backed tests of `BOTH_BACKENDS`, once per backend."""
+    if "settings" not in metafunc.fixturenames:
+        return
+    where = Path(metafunc.definition.path).relative_to(_TESTS).as_posix()
+    if not any(where == p or where.startswith(p + "/") for p in BOTH_BACKENDS):
+        return
+    if metafunc.definition.get_closest_marker("sqlite_only"):
+        return
+    metafunc.parametrize("backend", _backends(), indirect=True)
 
 
 def pytest_report_header() -> str | None:
@@ -53,16 +98,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """Settings for a store under tmp_path, also exported for code that reads the env."""
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store's backend: sqlite unless the test is parametrized over both."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Cluster]:
+    """One throwaway PostgreSQL cluster for the session, started on first use."""
+    if "postgresql" not in _backends():
+        pytest.skip("KVSCOPE_TEST_BACKENDS leaves PostgreSQL out")
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
+) -> Settings:
+    """Settings for a store under tmp_path (or a PostgreSQL database of the test's own,
+    already migrated), also exported for code that reads the env."""
     monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path))
+    if backend == "postgresql":
+        cluster: Cluster = request.getfixturevalue("postgres")
+        url = cluster.database()
+        request.addfinalizer(lambda: cluster.drop(url))
+        monkeypatch.setenv("KVSCOPE_DATABASE_URL", url)
+        return Settings(data_dir=tmp_path, scrape_interval_s=0.5, database_url=url)
     monkeypatch.delenv("KVSCOPE_DATABASE_URL", raising=False)
     return Settings(data_dir=tmp_path, scrape_interval_s=0.5)
 
 
 @pytest.fixture
 def store(settings: Settings) -> Iterator[Engine]:
-    """A migrated SQLite file store."""
+    """A migrated store: a SQLite file, or the test's PostgreSQL database."""
     store = open_store(settings.db_url)
     yield store
     store.dispose()

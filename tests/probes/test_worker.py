@@ -285,6 +285,7 @@ def test_one_worker_per_store_and_the_next_takes_over_when_the_lease_ends(
     fourth.stop()
 
 
+@pytest.mark.sqlite_only  # the disk under a SQLite file
 def test_a_nearly_full_disk_pauses_ingest_and_says_so(settings: Settings) -> None:
     from storage.dashboards import worker_status
     from storage.settings import Retention

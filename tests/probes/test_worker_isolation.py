@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import Engine
 
 from probes.engine.spec import parse_spec
@@ -126,6 +127,7 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
         assert "did not answer in full" in (frozen_target.health_message or "")
 
 
+@pytest.mark.sqlite_only  # PostgreSQL's sequences never hand an id out twice
 def test_a_new_target_under_a_removed_ones_id_is_scraped_cleanly(
     store: Engine, settings: Settings
 ) -> None:

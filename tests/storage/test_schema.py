@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
@@ -30,6 +31,7 @@ def test_orm_models_match_the_migrated_schema(store: Engine) -> None:
     assert diff == []
 
 
+@pytest.mark.sqlite_only
 def test_sqlite_pragmas_are_set_on_every_connection(store: Engine) -> None:
     with store.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
