@@ -315,6 +315,19 @@ class WorkerLease(Base):
     expires_at: Mapped[float] = mapped_column(Float)
 
 
+class ScrapeClaim(Base):
+    """Which worker scrapes a target (several workers on one PostgreSQL store): held while
+    renewed (`until`), released when its holder stops or the target moves to another."""
+
+    __tablename__ = "scrape_claims"
+
+    target_id: Mapped[int] = mapped_column(
+        ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True
+    )
+    holder: Mapped[str] = mapped_column(String(64))
+    until: Mapped[float] = mapped_column(Float)
+
+
 class AuditEntry(Base):
     """One state-changing action: who, when, what, its parameters (secrets masked) and its
     outcome. Append-only: triggers in the database refuse UPDATE and DELETE."""

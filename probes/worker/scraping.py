@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -319,6 +320,11 @@ class ScrapeLoop:
             self._loop.call_soon_threadsafe(self._apply)
         return dropped
 
+    @property
+    def target_ids(self) -> set[int]:
+        """The targets this loop scrapes."""
+        return set(self._targets)
+
     def _apply(self) -> None:
         for tid in set(self._tasks) - set(self._targets):
             self._tasks.pop(tid).cancel()
@@ -329,8 +335,14 @@ class ScrapeLoop:
         """One target's schedule: scrape, record, wait for the next slot (or a backoff)."""
         loop = asyncio.get_running_loop()
         first = self._targets[tid]
-        # Spread the targets over the interval so they do not all start at once.
-        next_at = loop.time() + (tid * 0.618) % self.scraper.limits(first).interval_s * 0.5
+        interval = self.scraper.limits(first).interval_s
+        since = time.time() - (first.last_scrape_at or -math.inf)
+        if 0 <= since < 2 * interval:
+            # Scraped a moment ago (by another worker, or before a restart): keep its cadence.
+            next_at = loop.time() + interval - since
+        else:
+            # Spread the targets over the interval so they do not all start at once.
+            next_at = loop.time() + (tid * 0.618) % interval * 0.5
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             target = self._targets.get(tid)

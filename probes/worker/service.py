@@ -3,6 +3,13 @@
 `Worker` composes the scheduler wiring (`scheduler`), the scrape loop (`scraping`), the
 managed engines (`engines`) and the work queue (`work`), and owns the lifecycle, the
 heartbeat and the demo load. Every failure ends up in the store as data.
+
+On SQLite one worker serves a store (the `worker` lease; a second is refused). On
+PostgreSQL several may: each is a member while it renews its `member:` lease, the targets
+are dealt out among the live members (`storage.queries.fleet`), and the holder of the
+`worker` lease leads: it alone runs the jobs that must run once (rollups, retention, alert
+evaluation, schedules, engines, the work queue). When the leader dies another takes the
+lease and leads; when any member dies its targets go to the others.
 """
 
 from __future__ import annotations
@@ -33,12 +40,22 @@ from probes.worker.scraping import ScrapeLoop, TargetScraper
 from probes.worker.work import Handler, WorkQueue
 from storage import queries as q
 from storage.db import open_store
+from storage.queries import fleet
 from storage.settings import Settings
 
 log = logging.getLogger("kvscope.worker")
 LEASE = "worker"
 # Target edits reach the scrape loop within this; each sync reads every target row.
 TARGET_SYNC_S = 2.0
+# Several workers: how often each deals the targets out again (a fraction of the scrape
+# interval, so a dead member's targets are scraped again within two intervals).
+FLEET_PASS_MIN_S, FLEET_PASS_MAX_S = 0.1, 1.0
+
+
+def _member_alive(lease: q.LeaseRow) -> bool:
+    """False when the lease's holder ran on this host and its process is gone (elsewhere,
+    only the lease's expiry can tell)."""
+    return lease.host != socket.gethostname() or _alive(lease.pid)
 
 
 def _alive(pid: int) -> bool:
@@ -79,27 +96,49 @@ class Worker:
         self.keep_engines = False  # tests: leave engines running, as a crashed worker would
         self.demo: DemoLoad | None = None
         self._synced_at = -math.inf
+        # Several workers may share a database server; a SQLite file has one.
+        self.fleet = self.store.dialect.name == "postgresql"
+        self.leading = False
+        self._member_at = -math.inf
+        self._fleet_thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         """Take the store's worker lease, recover from a previous process, schedule the jobs,
-        start the scheduler. Refused, with who holds it, when another worker runs."""
-        self._take_lease()
+        start the scheduler. On SQLite, refused (with who holds it) when another worker
+        runs; on PostgreSQL, join the others and lead only if nobody does."""
+        if self.fleet:
+            self._join()
+            self.leading = self._try_lead()
+        else:
+            self._take_lease()
+            self.leading = True
+        if self.leading:
+            self._lead()
+        self.scrapes.start()
+        self.sync_targets()
+        if self.fleet:
+            self._fleet_thread = threading.Thread(
+                target=self._fleet_main, name="kvscope-fleet", daemon=True
+            )
+            self._fleet_thread.start()
+        role = "" if not self.fleet else (" as the leader" if self.leading else " beside a leader")
+        q.record_event(
+            self.store,
+            "worker_started",
+            f"worker started{role} (pid {os.getpid()}); {self.gpus.message}",
+        )
+
+    def _lead(self) -> None:
+        """Run what runs once per store: the jobs, the engines, the work queue."""
         q.ensure_rules(self.store, [r.model_dump() for r in DEFAULT_RULES])
         self.work.recover()
         self.jobs.start(self)
         self.engines.adopt_or_clean()
-        self.scrapes.start()
-        self.sync_targets()
         self.jobs.resume()
         if self.settings.demo_load:
             self._start_demo_load()
-        q.record_event(
-            self.store,
-            "worker_started",
-            f"worker started (pid {os.getpid()}); {self.gpus.message}",
-        )
 
     def run_forever(self) -> None:
         """Start, then poll for work until SIGTERM/SIGINT."""
@@ -115,28 +154,40 @@ class Worker:
 
     def tick(self) -> None:
         """One pass of the main loop: keep jobs in step with their tables, pick up work."""
-        if time.monotonic() - self._synced_at >= TARGET_SYNC_S:
+        if not self.fleet and time.monotonic() - self._synced_at >= TARGET_SYNC_S:
             guarded("sync", self.sync_targets)
-        guarded("schedules", self.sync_schedules)
-        guarded("work", self.work.pick_up)
+        if self.leading:
+            guarded("schedules", self.sync_schedules)
+            guarded("work", self.work.pick_up)
 
     def stop(self) -> None:
-        """Stop the scheduler and runs; runs still going are marked interrupted."""
+        """Stop the scheduler and runs; runs still going are marked interrupted. A member
+        of several gives its targets and (if it led) the lead back at once."""
         self._stop.set()
+        if self._fleet_thread is not None:
+            self._fleet_thread.join(10)
         self.scrapes.stop()
-        self.jobs.shutdown()
-        self.work.shutdown()
-        if self.demo is not None:
-            self.demo.stop()
-        self.engines.stop_all(keep=self.keep_engines)
-        self.work.interrupt_running()
-        q.put_state(
-            self.store, "worker", {"pid": os.getpid(), "running": False, "stopped_at": time.time()}
-        )
+        if self.fleet:
+            with contextlib.suppress(KvscopeError):
+                fleet.release_claims(self.store, self.key)
+                q.release_lease(self.store, fleet.member_lease(self.key), self.key)
+        if self.leading:
+            self.jobs.shutdown()
+            self.work.shutdown()
+            if self.demo is not None:
+                self.demo.stop()
+            self.engines.stop_all(keep=self.keep_engines)
+            self.work.interrupt_running()
+            q.put_state(
+                self.store,
+                "worker",
+                {"pid": os.getpid(), "running": False, "stopped_at": time.time()},
+            )
         self.gpus.close()
         self.jobs.unregister()
-        with contextlib.suppress(KvscopeError):
-            q.release_lease(self.store, LEASE, self.key)
+        if self.leading:
+            with contextlib.suppress(KvscopeError):
+                q.release_lease(self.store, LEASE, self.key)
 
     def _start_demo_load(self) -> None:
         """Light load on the embedded engine, sent only while it runs."""
@@ -169,14 +220,17 @@ class Worker:
         """Write the GPU readings (or why there are none)."""
         q.put_state(self.store, "gpu", self.gpus.state())
 
-    def _take_lease(self) -> None:
+    def _acquire(self, name: str) -> q.LeaseRow:
         host, pid = socket.gethostname(), os.getpid()
-        held = q.get_lease(self.store, LEASE)
+        held = q.get_lease(self.store, name)
         # A holder on this host whose process is gone is dead: no need to wait for expiry.
-        dead = held.holder if held and held.host == host and not _alive(held.pid) else None
-        lease = q.acquire_lease(
-            self.store, LEASE, self.key, pid, host, self.settings.worker_lease_s, take_from=dead
+        dead = held.holder if held and not _member_alive(held) else None
+        return q.acquire_lease(
+            self.store, name, self.key, pid, host, self.settings.worker_lease_s, take_from=dead
         )
+
+    def _take_lease(self) -> None:
+        lease = self._acquire(LEASE)
         if lease.holder != self.key:
             since = datetime.fromtimestamp(lease.acquired_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
             left = max(0.0, lease.expires_at - time.time())
@@ -245,17 +299,64 @@ class Worker:
                 "started_at": self.started_at,
                 "targets": self.scraper.tracked,
                 "scrape_interval_s": self.settings.scrape.interval_s,
+                # Several workers on one store: how many are alive (this one leads).
+                "workers": len(self.members()) if self.fleet else 1,
             },
         )
+
+    # -- several workers on one store ---------------------------------------------------------
+
+    def _join(self) -> None:
+        self._member_at = time.monotonic()
+        self._acquire(fleet.member_lease(self.key))
+
+    def _try_lead(self) -> bool:
+        return self._acquire(LEASE).holder == self.key
+
+    def _fleet_main(self) -> None:
+        period = min(max(self.settings.scrape.interval_s / 4, FLEET_PASS_MIN_S), FLEET_PASS_MAX_S)
+        while not self._stop.wait(period):
+            guarded("fleet", self.fleet_pass)
+
+    def fleet_pass(self) -> None:
+        """Stay a member, lead if the leader is gone, take this worker's share of targets."""
+        if time.monotonic() - self._member_at >= self.settings.worker_lease_s / 3:
+            self._join()
+        if not self.leading and self._try_lead():
+            log.info("leading the workers of this store")
+            q.record_event(
+                self.store, "worker_leads", f"worker pid {os.getpid()} leads (the leader left)"
+            )
+            self._lead()
+            self.leading = True  # after recovery: the main loop then picks up work
+        self.sync_targets()
+
+    def members(self) -> list[str]:
+        """The live workers of this store (this one included)."""
+        members = fleet.live_members(self.store, alive=_member_alive)
+        return sorted({*members, self.key})
 
     # -- keeping jobs in step with their tables ----------------------------------------------
 
     def sync_targets(self) -> None:
-        """Scrape the enabled targets as they are now, within the allowlist as it is now;
-        forget removed or disabled ones."""
+        """Scrape the enabled targets as they are now (of several workers, this one's share),
+        within the allowlist as it is now; forget removed or disabled ones."""
         self._synced_at = time.monotonic()
         self.scraper.refresh_allowlist()
-        for tid in self.scrapes.sync(q.list_targets(self.store, enabled_only=True)):
+        targets = q.list_targets(self.store, enabled_only=True)
+        dropped: set[int] = set()
+        if self.fleet:
+            members = self.members()
+            wanted = {t.id for t in targets if fleet.owner(t.id, members) == self.key}
+            # Stop scraping what is no longer ours before giving it up.
+            current = self.scrapes.target_ids & wanted
+            dropped |= self.scrapes.sync(t for t in targets if t.id in current)
+            held = fleet.settle_claims(
+                self.store, self.key, wanted, members, self.settings.worker_lease_s
+            )
+            targets = [t for t in targets if t.id in held]
+        dropped |= self.scrapes.sync(targets)
+        for tid in dropped:
             self.scraper.forget(tid)
 
     def sync_schedules(self) -> None:

@@ -143,7 +143,10 @@ def worker_status(store: Engine, now: float | None = None) -> WorkerStatus:
     gpu = q.get_state(store, "gpu")
     alive = bool(hb and hb[0].get("running") and now - hb[1] < HEARTBEAT_STALE_S)
     if alive:
+        workers = int(hb[0].get("workers", 1)) if hb else 1
         message = f"worker running (pid {hb[0].get('pid')})" if hb else ""
+        if hb and workers > 1:
+            message = f"{workers} workers running (the leader: pid {hb[0].get('pid')})"
     elif hb is None:
         message = "no worker has run against this database yet: start `kvscope worker`"
     else:

@@ -259,6 +259,7 @@ def _expire_lease(w: Worker) -> None:
         s.execute(update(WorkerLease).values(expires_at=time.time() - 1))
 
 
+@pytest.mark.sqlite_only  # on PostgreSQL several share a store (tests/probes/test_fleet.py)
 def test_one_worker_per_store_and_the_next_takes_over_when_the_lease_ends(
     settings: Settings,
 ) -> None:

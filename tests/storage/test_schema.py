@@ -44,4 +44,4 @@ def test_upgrade_is_idempotent(store: Engine) -> None:
 
     upgrade(store)
     with store.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
