@@ -33,6 +33,7 @@ from app.cli.plan import plan as plan_command
 from app.cli.probe import probe_app, profile_app
 from app.cli.processes import console, up, worker
 from app.cli.scrape import scrape as scrape_command
+from app.cli.series import series as series_command
 from app.cli.simulate import simulate_app
 from app.cli.targets import target_app
 from app.cli.users import users_app
@@ -58,6 +59,7 @@ app.add_typer(simulate_app, name="simulate")
 app.command("plan")(plan_command)
 app.command("scrape")(scrape_command)
 app.command("diagnose")(diagnose_command)
+app.command("series")(series_command)
 app.command("worker")(worker)
 app.command("console")(console)
 app.command("up")(up)

@@ -74,13 +74,13 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         if isinstance(value, Mapping) and all(
             not isinstance(v, Mapping | list) for v in value.values()
         ):
-            parts = ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+            parts = ", ".join(f"{k}={fmt(v)}" for k, v in value.items())
             typer.echo(f"{key:<22} {parts}")
         elif not isinstance(value, Mapping | list):
-            typer.echo(f"{key:<22} {_fmt(value)}")
+            typer.echo(f"{key:<22} {fmt(value)}")
 
 
-def _fmt(v: object) -> str:
+def fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "-" if v is None else str(v)

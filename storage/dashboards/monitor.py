@@ -12,7 +12,7 @@ import pandas as pd
 from pydantic import BaseModel
 from sqlalchemy import Engine
 
-from planner.errors import KvscopeError
+from planner.errors import KvscopeError, UnknownChoice
 from storage import derived as d
 from storage import queries as q
 from storage.names import LATENCY_HISTOGRAMS
@@ -134,6 +134,69 @@ def tail(
         )
         out[h] = frame
     return out
+
+
+TAIL_COLUMNS = ("p50", "p95", "p99", "ratio")
+
+
+class SeriesView(BaseModel):
+    """A target's canonical series as the Live and Tail pages derive them, for scripts:
+    each a list of (time, value or None) on one grid."""
+
+    target: str
+    start: float
+    end: float
+    resolution: int  # 0: raw samples; 60 or 3600: rollups of that many seconds
+    step_s: float
+    rate_window_s: float  # rates are over windows this long
+    series: dict[str, list[tuple[float, float | None]]]
+
+
+def series_names() -> list[str]:
+    """What `series_view` can return: the Live page's columns and each latency histogram's
+    quantiles (`ttft_p99`, `itl_ratio`, ...)."""
+    live_cols = [
+        "kv_usage", "running", "waiting", "free_blocks", "preemptions_per_s",
+        "prompt_tokens_per_s", "generation_tokens_per_s", "requests_per_s", "prefix_hit_rate",
+    ]  # fmt: skip
+    return live_cols + [f"{h}_{c}" for h in LATENCY_HISTOGRAMS for c in TAIL_COLUMNS]
+
+
+def series_view(
+    store: Engine,
+    target: str,
+    since_s: float,
+    metrics: list[str] | None = None,
+    now: float | None = None,
+) -> SeriesView:
+    """The last `since_s` seconds of `target`'s series (all, or those named)."""
+    known = series_names()
+    wanted = metrics or known
+    for m in wanted:
+        if m not in known:
+            raise UnknownChoice("series", m, known)
+    end = time.time() if now is None else now
+    start = end - since_s
+    row = q.get_target(store, target)
+    frame = live(store, row.id, start, end)
+    tails = tail(store, row.id, start, end) if any(m not in frame for m in wanted) else {}
+    columns: dict[str, pd.Series] = {c: frame[c] for c in frame.columns}
+    for h, quantiles in tails.items():
+        for c in TAIL_COLUMNS:
+            columns[f"{h}_{c}"] = quantiles[c]
+
+    def points(values: pd.Series) -> list[tuple[float, float | None]]:
+        return [(float(t), _num(v)) for t, v in zip(values.index, values.to_numpy(), strict=True)]
+
+    return SeriesView(
+        target=row.name,
+        start=start,
+        end=end,
+        resolution=int(frame.attrs.get("resolution", 0)),
+        step_s=float(frame.attrs.get("step", 0.0)),
+        rate_window_s=float(frame.attrs.get("rate_window_s", 0.0)),
+        series={m: points(columns[m]) for m in wanted},
+    )
 
 
 def worker_status(store: Engine, now: float | None = None) -> WorkerStatus:
