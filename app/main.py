@@ -17,6 +17,7 @@ from app.views import (
     audit,
     cost,
     engine,
+    fleet,
     live,
     overview,
     planner,
@@ -42,6 +43,7 @@ pages = {
         st.Page(
             error_boundary(overview.render), title="Overview", url_path="overview", default=True
         ),
+        st.Page(error_boundary(fleet.render), title="Fleet", url_path="fleet"),
         st.Page(error_boundary(live.render), title="Live", url_path="live"),
         st.Page(error_boundary(tail.render), title="Tail", url_path="tail"),
         st.Page(error_boundary(probes.render), title="Probes", url_path="probes"),

@@ -73,10 +73,13 @@ def _series_for(store: Engine, tid: int, extra: int) -> list[int]:
     return ids
 
 
-def fill_history(store: Engine, now: float, targets: int, series: int) -> None:
-    """30 days of rollups and 48 h of raw samples (2 s apart) per target, bulk-inserted."""
+def fill_history(
+    store: Engine, now: float, targets: int, series: int, raw_hours: float = 48
+) -> None:
+    """30 days of rollups and `raw_hours` of raw samples (2 s apart) per target,
+    bulk-inserted."""
     rng = random.Random(0)
-    raw_start = now - 2 * DAY
+    raw_start = now - raw_hours * 3600
     for t in range(targets):
         tid = q.add_target(store, q.parse_target({"name": f"t{t}", "base_url": "http://h"})).id
         ids = _series_for(store, tid, max(0, series - len(LIVE_SERIES)))
@@ -102,7 +105,7 @@ def fill_history(store: Engine, now: float, targets: int, series: int) -> None:
                     s.execute(insert(Rollup), rows[i : i + 200_000])
         rows = []
         for sid in ids:
-            for k in range(int(2 * DAY // 2)):
+            for k in range(int(raw_hours * 3600 // 2)):
                 rows.append({"series_id": sid, "ts": raw_start + 2 * k, "value": float(k)})
                 if len(rows) >= 200_000:
                     with transaction(store) as s:

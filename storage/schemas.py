@@ -7,7 +7,7 @@ input with the same message.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,6 +18,41 @@ from storage.outbound import check_token_env
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+# Target labels as Prometheus spells label names; values are free text, one line.
+LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+MAX_LABELS, MAX_LABEL_VALUE = 20, 200
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Label names as Prometheus allows them, short one-line values, at most 20."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels, got {len(labels)}")
+    for key, value in labels.items():
+        if not LABEL_RE.match(key) or key.startswith("__"):
+            raise ValueError(
+                f"label name {key!r}: letters, digits and '_', not starting with a digit or '__'"
+            )
+        if not value or len(value) > MAX_LABEL_VALUE or "\n" in value:
+            raise ValueError(f"label {key}: a value of 1-{MAX_LABEL_VALUE} characters, one line")
+    return labels
+
+
+def parse_labels(text: str | Iterable[str]) -> dict[str, str]:
+    """`pool=a, region=eu` (or the pairs one by one) as a dict; a clear error names the bad
+    pair."""
+    pairs = text.split(",") if isinstance(text, str) else list(text)
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if not pair.strip():
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidInput(f"label {pair.strip()!r}: give it as name=value")
+        out[key.strip()] = value.strip()
+    try:
+        return check_labels(out)
+    except ValueError as err:
+        raise InvalidInput(str(err)) from err
 
 
 def normalize_base_url(url: str) -> str:
@@ -114,9 +149,16 @@ class TargetIn(BaseModel):
     managed: bool = False
     enabled: bool = True
     token_env: str | None = None
+    # Where it belongs (model, pool, region, ...): the Overview groups and the Fleet page
+    # filters by them, alert rules may apply per label.
     labels: dict[str, str] = Field(default_factory=dict)
     # Overrides of the worker's scrape settings (ScrapeLimits field names), checked on save.
     scrape: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
 
     @field_validator("scrape")
     @classmethod

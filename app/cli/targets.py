@@ -24,15 +24,21 @@ def target_add(
             "(e.g. KVSCOPE_TOKEN_PROD), set in the worker's environment"
         ),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(help="name=value, repeatable: where it belongs (model, pool, region)"),
+    ] = None,
 ) -> None:
     """Attach an external vLLM engine; the worker starts scraping it within a second. Its
     host must be loopback or allowed (`kvscope hosts allow HOST`)."""
     from storage.access import targets
+    from storage.schemas import parse_labels
 
+    labels = parse_labels(label or [])
     row = targets.add_target(
         store(),
         owner(),
-        {"name": name, "base_url": url, "token_env": token_env},
+        {"name": name, "base_url": url, "token_env": token_env, "labels": labels},
         settings().allowed_hosts,
     )
     typer.echo(f"added target {row.name} ({row.base_url})")
@@ -48,7 +54,10 @@ def target_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         typer.echo(json.dumps([r.model_dump() for r in rows], indent=2))
         return
     for r in rows:
-        typer.echo(f"{r.name:<20} {r.health:<9} {r.base_url}  {r.health_message or ''}")
+        labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
+        typer.echo(
+            f"{r.name:<20} {r.health:<9} {r.base_url}  {labels}  {r.health_message or ''}".rstrip()
+        )
 
 
 @target_app.command("remove")

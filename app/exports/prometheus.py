@@ -161,8 +161,15 @@ def _alert(
     rule: AlertRule, job: str, instances: Mapping[str, str], slo: SLO | None
 ) -> dict[str, Any]:
     instance = instances.get(rule.target) if rule.target else None
-    matchers = f"instance={string(instance)}" if instance else ""
+    # Label-scoped rules keep their labels as matchers: the series must carry the same
+    # labels in Prometheus (relabel them onto the vLLM targets there).
+    parts = [f"instance={string(instance)}"] if instance else []
+    parts += [f"{k}={string(v)}" for k, v in sorted(rule.labels.items())]
+    matchers = ",".join(parts)
     scope = "watches every instance"
+    if rule.labels:
+        pairs = ", ".join(f"{k}={v}" for k, v in sorted(rule.labels.items()))
+        scope = f"watches the instances labelled {pairs}"
     if rule.target and instance:
         scope = f"watches instance {instance} (kvscope target {rule.target})"
     elif rule.target:

@@ -17,7 +17,7 @@ from planner.errors import KvscopeError
 from storage.access import Action, allowed
 from storage.access import targets as access
 from storage.outbound import REFUSED_NETWORKS
-from storage.schemas import TargetRow
+from storage.schemas import TargetRow, parse_labels
 
 
 def render() -> None:
@@ -74,12 +74,24 @@ def _add_form() -> None:
             "KVSCOPE_TOKEN_; the token itself is never stored",
             key="add_token",
         )
+        labels = st.text_input(
+            "Labels (optional)",
+            placeholder="model=llama-70b, pool=chat, region=eu",
+            help="name=value pairs, comma-separated: the Overview groups and the Fleet page "
+            "filters by them; alert rules may apply per label",
+            key="add_labels",
+        )
         if st.form_submit_button("Add target"):
             try:
                 row = access.add_target(
                     common.store(),
                     common.actor(),
-                    {"name": name, "base_url": base_url, "token_env": token_env or None},
+                    {
+                        "name": name,
+                        "base_url": base_url,
+                        "token_env": token_env or None,
+                        "labels": parse_labels(labels),
+                    },
                     common.settings().allowed_hosts,
                 )
             except KvscopeError as err:
@@ -123,6 +135,9 @@ def _edit_form(r: TargetRow) -> None:
         new_name = st.text_input("Name", r.name)
         new_url = st.text_input("Base URL", r.base_url)
         new_token = st.text_input("Bearer token variable", r.token_env or "")
+        new_labels = st.text_input(
+            "Labels", ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
+        )
         enabled = st.checkbox("Scrape this target", r.enabled)
         if st.form_submit_button("Save"):
             try:
@@ -135,7 +150,7 @@ def _edit_form(r: TargetRow) -> None:
                         "base_url": new_url,
                         "token_env": new_token or None,
                         "enabled": enabled,
-                        "labels": r.labels,
+                        "labels": parse_labels(new_labels),
                         "scrape": r.scrape,
                     },
                     common.settings().allowed_hosts,

@@ -226,7 +226,6 @@ class AlertEvaluator:
         """Evaluate, then open alerts that fire and close those that stopped holding."""
         now = time.time() if now is None else now
         targets = [t for t in q.list_targets(self.store) if t.enabled or t.health == "down"]
-        by_name = {t.name: t for t in targets}
         global_slo, target_slos = _slos(self.store)
         firing = {(a.rule_id, a.target_id): a for a in q.alerts(self.store, state="firing")}
         out = Transition([], [])
@@ -234,12 +233,9 @@ class AlertEvaluator:
         # A row that does not validate is skipped: the page refuses such edits, but the
         # store may hold one written by hand or by another version; the Alerts page shows it.
         for rule_id, rule in rules_from_rows(q.list_rules(self.store)).valid.items():
-            if not rule.enabled:
-                scope: list[TargetRow] = []
-            elif rule.target:
-                scope = [by_name[rule.target]] if rule.target in by_name else []
-            else:
-                scope = targets
+            scope: list[TargetRow] = (
+                [t for t in targets if rule.applies_to(t)] if rule.enabled else []
+            )
             for target in scope:
                 if target.health == "down" and rule.kind not in ABOUT_THE_TARGET:
                     # No fresh data to judge; the target-down rule speaks for it. An alert

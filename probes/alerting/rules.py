@@ -13,9 +13,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from planner.errors import InvalidInput, validation_message
+from storage.schemas import TargetRow, check_labels
 
 # Observations a window needs before a quantile ratio or a tail comparison means anything;
 # the worker's evaluator and the exported Prometheus rules both use it.
@@ -84,6 +92,9 @@ class AlertRule(BaseModel):
         "coefficient of variation that still counts as steady",
     )
     target: str | None = Field(None, description="a target's name; none: every target")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="only targets carrying all these labels"
+    )
     enabled: bool = True
     # Relative conditions, as the seeds advise, beside the fixed numbers:
     per_running: bool = Field(
@@ -96,6 +107,17 @@ class AlertRule(BaseModel):
         description="tail_ratio: also above baseline_factor x its own ratio over this long",
     )
     baseline_factor: float = Field(1.5, ge=1, le=100)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+    def applies_to(self, target: TargetRow) -> bool:
+        """Whether the rule watches `target` (its name, if it names one, and its labels)."""
+        if self.target and target.name != self.target:
+            return False
+        return all(target.labels.get(k) == v for k, v in self.labels.items())
 
     @model_validator(mode="after")
     def _fits(self) -> AlertRule:

@@ -38,6 +38,69 @@ class OverviewRow(BaseModel):
     num_gpu_blocks: int | None
     block_size: int | None
     last_scrape_at: float | None
+    labels: dict[str, str] = {}
+
+
+class Pool(BaseModel):
+    """Replicas that share a label value (or all of them): side by side, with totals."""
+
+    label: str | None  # the label grouped by (None: every replica selected)
+    value: str | None  # its value here (None: replicas without the label)
+    replicas: list[OverviewRow]
+    hot: str | None  # the fullest KV cache (the longer queue breaks ties)
+    running: float
+    waiting: float
+    kv_usage_mean: float | None
+    kv_usage_max: float | None
+    ttft_p99_max_s: float | None
+    preemptions_per_s: float
+    down: int
+
+
+def _hot(rows: list[OverviewRow]) -> str | None:
+    ranked = [r for r in rows if r.kv_usage is not None or r.waiting is not None]
+    if not ranked:
+        return None
+    return max(ranked, key=lambda r: (r.kv_usage or 0.0, r.waiting or 0.0)).name
+
+
+def fleet(
+    rows: list[OverviewRow], selector: dict[str, str] | None = None, by: str | None = None
+) -> list[Pool]:
+    """The replicas whose labels match `selector`, in pools by the value of label `by`."""
+    chosen = [r for r in rows if all(r.labels.get(k) == v for k, v in (selector or {}).items())]
+    groups: dict[str | None, list[OverviewRow]] = {}
+    for r in chosen:
+        groups.setdefault(r.labels.get(by) if by else None, []).append(r)
+
+    def values(rs: list[OverviewRow], field: str) -> list[float]:
+        return [v for r in rs if (v := getattr(r, field)) is not None]
+
+    pools = []
+    for value, rs in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
+        kv = values(rs, "kv_usage")
+        ttft = values(rs, "ttft_p99_s")
+        pools.append(
+            Pool(
+                label=by,
+                value=value,
+                replicas=rs,
+                hot=_hot(rs),
+                running=sum(values(rs, "running")),
+                waiting=sum(values(rs, "waiting")),
+                kv_usage_mean=sum(kv) / len(kv) if kv else None,
+                kv_usage_max=max(kv) if kv else None,
+                ttft_p99_max_s=max(ttft) if ttft else None,
+                preemptions_per_s=sum(values(rs, "preemptions_per_s")),
+                down=sum(r.health == "down" for r in rs),
+            )
+        )
+    return pools
+
+
+def label_keys(rows: list[OverviewRow]) -> list[str]:
+    """Every label name the targets carry."""
+    return sorted({k for r in rows for k in r.labels})
 
 
 class WorkerStatus(BaseModel):
@@ -84,6 +147,7 @@ def overview(store: Engine, now: float | None = None) -> list[OverviewRow]:
                 num_gpu_blocks=t.num_gpu_blocks,
                 block_size=t.block_size,
                 last_scrape_at=t.last_scrape_at,
+                labels={str(k): str(v) for k, v in t.labels.items()},
             )
         )
     return rows

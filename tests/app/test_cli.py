@@ -77,13 +77,17 @@ def test_scrape_failures_exit_2_with_one_line(
 
 def test_target_add_list_remove(tmp_path: Path) -> None:
     assert kvscope("hosts", "allow", "10.1.2.3", env_dir=tmp_path).returncode == 0
-    assert (
-        kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path).returncode == 0
-    )
+    added = kvscope("target", "add", "prod", "http://10.1.2.3:8000", "--label", "pool=chat",
+                    "--label", "region=eu", env_dir=tmp_path)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    bad = kvscope("target", "add", "x", "http://10.1.2.3:8001", "--label", "pool", env_dir=tmp_path)
+    assert bad.returncode == 2 and "label 'pool': give it as name=value" in bad.stderr
     dup = kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path)
     assert dup.returncode == 2 and "already exists" in dup.stderr
     listed = json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout)
     assert [t["name"] for t in listed] == ["prod"]
+    assert listed[0]["labels"] == {"pool": "chat", "region": "eu"}
+    assert "pool=chat,region=eu" in kvscope("target", "list", env_dir=tmp_path).stdout
     gone = kvscope("target", "remove", "nope", env_dir=tmp_path)
     assert gone.returncode == 2 and "known targets: prod" in gone.stderr
     assert kvscope("target", "remove", "prod", env_dir=tmp_path).returncode == 0

@@ -161,7 +161,7 @@ def test_main_wraps_every_page() -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "st.Page"
     ]
-    assert len(pages) == 12  # the Audit page among them, shown to admins
+    assert len(pages) == 13  # the Audit page among them, shown to admins
     for page in pages:
         first = page.args[0]
         assert isinstance(first, ast.Call) and ast.unparse(first.func) == "error_boundary", (

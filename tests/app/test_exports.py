@@ -329,6 +329,24 @@ def test_a_target_narrows_only_with_an_instance_mapping() -> None:
         assert "watches instance 10.0.0.5:8000" in exported["annotations"]["description"]
 
 
+@pytest.mark.parametrize(
+    "promtool", [None, PROMTOOL], ids=["schema-only", "schema-and-promtool-if-installed"]
+)
+def test_a_rule_with_labels_narrows_by_those_labels(tmp_path: Path, promtool: str | None) -> None:
+    rules = [
+        r.model_copy(update={"labels": {"pool": "chat", "region": "eu"}})
+        for r in DEFAULT_RULES
+        if r.kind in (RuleKind.KV_LEVEL, RuleKind.TARGET_DOWN, RuleKind.TAIL_RATIO)
+    ]
+    for (exported,) in _by_rule(prometheus_rules(rules)).values():
+        selectors = re.findall(r"(?:vllm:\w+|\bup\b)(\{[^}]*\})?", exported["expr"])
+        assert selectors and all('pool="chat",region="eu"' in s for s in selectors), exported
+        assert "instances labelled pool=chat, region=eu" in exported["annotations"]["description"]
+    path = tmp_path / "rules.yaml"
+    path.write_text(prometheus_rules_yaml(rules))
+    assert validate_rules_file(path, promtool) == []
+
+
 def test_durations() -> None:
     assert [duration(s) for s in (600, 90, 0.25, 0, 30, 86400 + 3600, 1800.5)] == [
         "10m",

@@ -65,3 +65,41 @@ def test_targets_page_adds_and_refuses_bad_input(
     # The page queued a check for the worker instead of calling the engine itself.
     runs = q.list_runs(store)
     assert [(r.kind, r.status) for r in runs] == [("check_target", "queued")]
+
+
+def _label(store: Engine, name: str, **labels: str) -> None:
+    row = q.get_target(store, name)
+    spec = q.parse_target({"name": name, "base_url": row.base_url, "labels": labels})
+    q.update_target(store, name, spec)
+
+
+@pytest.fixture
+def fleet_store(store: Engine) -> Engine:
+    for i, (name, pool) in enumerate((("a1", "chat"), ("a2", "chat"), ("b1", "batch"))):
+        seed(store, name, minutes=2, seed_value=i)
+        _label(store, name, pool=pool, region="eu")
+    return store
+
+
+def test_fleet_page_sets_replicas_side_by_side_in_pools(fleet_store: Engine) -> None:
+    at = run_page("fleet")
+    assert [s.value for s in at.subheader] == ["All replicas selected"]
+    assert at.dataframe[0].value["replica"].tolist() == ["a1", "a2", "b1"]
+    assert any("The hot one" in w.value for w in at.warning)
+    assert len(at.get("plotly_chart")) == 1
+    at.selectbox(key="fleet_by").set_value("pool").run()
+    assert [s.value for s in at.subheader] == ["pool = batch", "pool = chat"]
+    assert [len(d.value) for d in at.dataframe] == [1, 2]
+    at.text_input(key="fleet_selector").input("pool=chat").run()
+    assert [s.value for s in at.subheader] == ["pool = chat"]
+    at.text_input(key="fleet_selector").input("pool").run()
+    assert any("give it as name=value" in e.value for e in at.error)
+
+
+def test_overview_groups_targets_by_a_label(fleet_store: Engine) -> None:
+    at = run_page("overview")
+    assert len(at.dataframe) == 2  # the targets, the events
+    at.selectbox(key="overview_group_by").set_value("pool").run()
+    tables = [d.value for d in at.dataframe if "target" in d.value]
+    assert [t["target"].tolist() for t in tables] == [["b1"], ["a1", "a2"]]
+    assert any("pool = chat" in m.value and "2 replicas" in m.value for m in at.markdown)

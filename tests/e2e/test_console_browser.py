@@ -20,6 +20,7 @@ pytestmark = pytest.mark.browser
 # page -> (URL path, Plotly charts it must show with seeded data, dataframes it must show)
 PAGES = {
     "overview": ("", 0, 2),
+    "fleet": ("fleet", 1, 1),
     "live": ("live", 6, 0),
     "tail": ("tail", 6, 1),
     "targets": ("targets", 0, 1),

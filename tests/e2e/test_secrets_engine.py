@@ -20,8 +20,8 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.engine
 
 PAGES = (
-    "overview", "live", "tail", "probes", "alerts", "planner", "whatif", "slos", "cost", "engine",
-    "targets", "audit",
+    "overview", "fleet", "live", "tail", "probes", "alerts", "planner", "whatif", "slos", "cost",
+    "engine", "targets", "audit",
 )  # fmt: skip
 
 

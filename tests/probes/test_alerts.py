@@ -304,3 +304,16 @@ def test_relative_rules_judge_the_pool_and_the_usual_tail(store: Engine) -> None
     assert _at(store, relative, tail, T0 + 3300)
     with pytest.raises(InvalidInput, match="baseline must be longer"):
         parse_rule(relative.model_dump() | {"baseline_s": 100.0})
+
+
+def test_a_rule_with_labels_watches_only_the_targets_that_carry_them(store: Engine) -> None:
+    for name, pool in (("a1", "chat"), ("a2", "chat"), ("b1", "batch")):
+        spec = {"name": name, "base_url": "http://h:1", "labels": {"pool": pool, "region": "eu"}}
+        tid = q.add_target(store, q.parse_target(spec)).id
+        _series(store, tid, T0, T0 + 600, lambda t: {"kv_usage": 0.97})
+    rule = _rule(RuleKind.KV_LEVEL, threshold=0.9, for_s=60, labels={"pool": "chat"})
+    q.ensure_rules(store, [rule.model_dump()])
+    fired = AlertEvaluator(store).run(T0 + 400).fired
+    assert sorted(f.split(" on ")[1].split(":")[0] for f in fired) == ["a1", "a2"]
+    with pytest.raises(InvalidInput, match="label name '1pool'"):
+        parse_rule(rule.model_dump() | {"labels": {"1pool": "x"}})
