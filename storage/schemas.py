@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from planner.errors import InvalidInput, OutboundRefused, validation_message
 from storage.outbound import check_token_env
@@ -21,6 +28,26 @@ ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 # Target labels as Prometheus spells label names; values are free text, one line.
 LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 MAX_LABELS, MAX_LABEL_VALUE = 20, 200
+
+
+# A PromQL label selector: matchers of a label name, an operator, a double-quoted value.
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+SELECTOR_RE = re.compile(rf"^\{{(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}$")
+SELECTOR_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+
+
+def parse_selector(text: str | None) -> str:
+    """A PromQL label selector (`{job="vllm",instance="10.0.0.5:8000"}`), checked, or `{}`
+    for none; a clear error says what is wrong with it."""
+    text = (text or "").strip() or "{}"
+    if not text.startswith("{"):
+        text = "{" + text + "}"
+    if not SELECTOR_RE.match(text):
+        raise InvalidInput(
+            f"selector {text!r}: give PromQL label matchers such as "
+            '{job="vllm",instance="10.0.0.5:8000"} (=, !=, =~ or !~, values in double quotes)'
+        )
+    return text
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -152,6 +179,10 @@ class TargetIn(BaseModel):
     # Where it belongs (model, pool, region, ...): the Overview groups and the Fleet page
     # filters by them, alert rules may apply per label.
     labels: dict[str, str] = Field(default_factory=dict)
+    # "prometheus": base_url is a Prometheus server that scrapes the engine, `selector`
+    # picks the engine's series there; the worker reads them instead of scraping.
+    source: Literal["scrape", "prometheus"] = "scrape"
+    selector: str | None = None
     # Overrides of the worker's scrape settings (ScrapeLimits field names), checked on save.
     scrape: dict[str, float] = Field(default_factory=dict)
 
@@ -159,6 +190,19 @@ class TargetIn(BaseModel):
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         return check_labels(v)
+
+    @model_validator(mode="after")
+    def _source(self) -> TargetIn:
+        if self.source == "prometheus":
+            try:
+                self.selector = parse_selector(self.selector)
+            except InvalidInput as err:
+                raise ValueError(str(err)) from err
+            if self.managed:
+                raise ValueError("a managed engine is scraped, not read from Prometheus")
+        elif self.selector:
+            raise ValueError("a selector is for a target read from Prometheus (--prometheus)")
+        return self
 
     @field_validator("scrape")
     @classmethod
@@ -221,6 +265,8 @@ class TargetRow(BaseModel):
     cache_dtype: str | None
     cache_info: dict[str, Any]
     scrape: dict[str, float] = Field(default_factory=dict)
+    source: str = "scrape"
+    selector: str | None = None
 
 
 class AllowedHostRow(BaseModel):

@@ -60,6 +60,10 @@ class Target(Base):
     cache_info: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # Overrides of the worker's scrape settings (storage.schemas.ScrapeLimits field names).
     scrape: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # "scrape" (its /metrics), or "prometheus": base_url is a Prometheus server, `selector`
+    # the label matchers of the engine's series there.
+    source: Mapped[str] = mapped_column(String(20), default="scrape", server_default="scrape")
+    selector: Mapped[str | None] = mapped_column(String(500))
     created_at: Mapped[float] = mapped_column(Float, default=_now)
 
     series: Mapped[list[Series]] = relationship(

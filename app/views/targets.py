@@ -152,6 +152,8 @@ def _edit_form(r: TargetRow) -> None:
                         "enabled": enabled,
                         "labels": parse_labels(new_labels),
                         "scrape": r.scrape,
+                        "source": r.source,
+                        "selector": r.selector,
                     },
                     common.settings().allowed_hosts,
                 )

@@ -358,16 +358,26 @@ class AsyncVllmClient:
         self, timeout: float = CALL_TIMEOUT_S, limit: int = MAX_METRICS_BYTES
     ) -> str:
         """The metrics page, within `timeout` in all and at most `limit` bytes (decompressed)."""
-        url = self.target.url(METRICS)
+        missing = "has no metrics endpoint (HTTP 404); is this a vLLM server?"
+        return await self.get_text(self.target.url(METRICS), timeout, limit, "text/plain", missing)
+
+    async def get_text(
+        self,
+        url: str,
+        timeout: float,
+        limit: int,
+        accept: str,
+        missing: str = "was not found (HTTP 404)",
+    ) -> str:
+        """A GET of `url` as text, within `timeout` in all and at most `limit` bytes
+        (decompressed); HTTP 404 says `missing`."""
         req = self._request(url)
-        req["headers"] = req["headers"] | {"Accept-Encoding": "gzip", "Accept": "text/plain"}
+        req["headers"] = req["headers"] | {"Accept-Encoding": "gzip", "Accept": accept}
         try:
             async with asyncio.timeout(timeout):
                 async with self.http.stream("GET", url, timeout=timeout, **req) as resp:
                     if resp.status_code == 404:
-                        raise TargetError(
-                            f"{url} has no metrics endpoint (HTTP 404); is this a vLLM server?"
-                        )
+                        raise TargetError(f"{url} {missing}")
                     if resp.status_code >= 300:
                         raise status_error(resp, url)
                     body = _BodyReader(url, limit, resp.headers.get("content-encoding"))

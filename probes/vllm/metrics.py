@@ -102,7 +102,7 @@ def _blocks(text: str) -> list[str]:
     return [b if b.endswith("\n") else b + "\n" for b in blocks if b.strip()]
 
 
-def _raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str, str]:
+def raw_base(sample_name: str, family_type: str, family_name: str) -> tuple[str, str]:
     """(raw base name, sample role) for a sample, whatever its TYPE line said."""
     for suffix in ("_bucket", "_sum", "_count"):
         if sample_name.endswith(suffix):
@@ -170,7 +170,7 @@ def _digest(block: str, label_limit: int | None, value_limit: int | None) -> _Di
                 out.cache_info = {k: v for k, v in s.labels.items() if k != "model_name"}
                 out.model_name = out.model_name or s.labels.get("model_name")
                 continue
-            base, role = _raw_base(s.name, fam.type, fam.name)
+            base, role = raw_base(s.name, fam.type, fam.name)
             canon = _RAW_TO_CANONICAL.get(base)
             if canon is None:
                 if s.name.startswith("vllm:") and s.name not in out.unmapped:

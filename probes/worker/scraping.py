@@ -25,8 +25,16 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine
 
-from planner.errors import Conflict, KvscopeError, LimitExceeded, NotFound, StorageError
+from planner.errors import (
+    Conflict,
+    KvscopeError,
+    LimitExceeded,
+    NotFound,
+    StorageError,
+    TargetError,
+)
 from probes.engine.spec import address
+from probes.vllm import prometheus as promql
 from probes.vllm.client import METRICS, AsyncVllmClient, Target, VllmClient, parse_page
 from probes.vllm.metrics import ParsedScrape, summarize
 from probes.vllm.transport import LeanTransport
@@ -43,6 +51,9 @@ RESET_WATCH = ("generation_tokens_total", "prompt_tokens_total", "preemptions_to
 MAX_BACKOFF_S = 60.0
 HEALTH_REFRESH_S = 5.0  # a healthy target's row (its last scrape time) is this fresh at worst
 STORE_THREADS = 4
+# A target newly read from Prometheus gets this much of its past (range queries), within
+# this long and at most this many bytes an answer.
+BACKFILL_S, BACKFILL_TIMEOUT_S, BACKFILL_BYTES = 600.0, 30.0, 64 * 1024 * 1024
 
 
 @dataclass
@@ -149,6 +160,13 @@ class TargetScraper:
     def _state(self, target_id: int) -> _TargetState:
         with self._lock:
             return self._states.setdefault(target_id, _TargetState())
+
+    def last_scrape_at(self, target_id: int) -> float | None:
+        """When the target was last scraped, as stored (None if never, or unreadable)."""
+        try:
+            return q.get_target(self.store, target_id).last_scrape_at
+        except KvscopeError:
+            return None
 
     def record(self, target: TargetRow, answer: Answer) -> None:
         """Parse and store one answer, then the target's health; never raises."""
@@ -335,8 +353,13 @@ class ScrapeLoop:
         """One target's schedule: scrape, record, wait for the next slot (or a backoff)."""
         loop = asyncio.get_running_loop()
         first = self._targets[tid]
+        if first.source == "prometheus" and first.last_scrape_at is None:
+            await self._backfill(first, self.scraper.limits(first))
         interval = self.scraper.limits(first).interval_s
-        since = time.time() - (first.last_scrape_at or -math.inf)
+        # When it was last scraped, as stored now (the row handed to sync may predate the
+        # last scrape of a worker that just gave the target up).
+        last = await loop.run_in_executor(self._pool, self.scraper.last_scrape_at, tid)
+        since = time.time() - (last or first.last_scrape_at or -math.inf)
         if 0 <= since < 2 * interval:
             # Scraped a moment ago (by another worker, or before a restart): keep its cadence.
             next_at = loop.time() + interval - since
@@ -388,10 +411,70 @@ class ScrapeLoop:
         assert self._http is not None
         try:
             client = AsyncVllmClient(self.scraper.address(target), self._http)
-            text = await client.metrics_text(limits.deadline_s, limits.body_limit_bytes)
+            if target.source == "prometheus":
+                text = await self._from_prometheus(client, target, limits, started)
+            else:
+                text = await client.metrics_text(limits.deadline_s, limits.body_limit_bytes)
         except KvscopeError as err:
             return Answer(started, time.monotonic() - t0, error=str(err))
         return Answer(started, time.monotonic() - t0, text=text)
+
+    async def _from_prometheus(
+        self, client: AsyncVllmClient, target: TargetRow, limits: ScrapeLimits, at: float
+    ) -> str:
+        """The engine's page as the Prometheus server named by `target` saw it last (two
+        instant queries within the scrape's one deadline)."""
+        selector = target.selector or "{}"
+        series, up = promql.queries(selector)
+        urls = [promql.query_url(client.base_url, q, at) for q in (up, series)]
+        per = limits.body_limit_bytes
+
+        async def get(url: str) -> list[dict[str, Any]]:
+            body = await client.get_text(url, limits.deadline_s, per, "application/json")
+            return promql.result(body, url)
+
+        try:
+            async with asyncio.timeout(limits.deadline_s):
+                ups, vllm = await asyncio.gather(*(get(u) for u in urls))
+        except TimeoutError as err:
+            raise TargetError(
+                f"Prometheus at {client.base_url} did not answer in full within "
+                f"{limits.deadline_s:g} s (the timeout)"
+            ) from err
+        return promql.instant_text(ups, vllm, selector, client.base_url)
+
+    async def _backfill(self, target: TargetRow, limits: ScrapeLimits) -> None:
+        """A target newly read from Prometheus: its last BACKFILL_S from two range queries,
+        stored in order before the first live read (a failure is logged; the live reads
+        report what is wrong)."""
+        assert self._http is not None
+        client = AsyncVllmClient(self.scraper.address(target), self._http)
+        selector = target.selector or "{}"
+        end = time.time()
+        step = max(limits.interval_s, BACKFILL_S / promql.MAX_RANGE_POINTS)
+        series, up = promql.queries(selector)
+        urls = [
+            promql.range_url(client.base_url, q, end - BACKFILL_S, end, step) for q in (up, series)
+        ]
+        try:
+            async with asyncio.timeout(BACKFILL_TIMEOUT_S):
+                bodies = await asyncio.gather(
+                    *(
+                        client.get_text(u, BACKFILL_TIMEOUT_S, BACKFILL_BYTES, "application/json")
+                        for u in urls
+                    )
+                )
+            ups, vllm = (promql.result(b, u) for b, u in zip(bodies, urls, strict=True))
+            pages = promql.range_texts(ups, vllm, selector, client.base_url)
+        except (KvscopeError, TimeoutError) as err:
+            log.warning(
+                "target %s: no backfill from Prometheus: %s", target.name, str(err) or "timed out"
+            )
+            return
+        loop = asyncio.get_running_loop()
+        for ts, text in pages:
+            answer = Answer(ts, 0.0, text=text)
+            await loop.run_in_executor(self._pool, self.scraper.record, target, answer)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every target's task, close the client, stop the thread and the pool."""

@@ -191,3 +191,23 @@ def test_exports_from_a_shell(tmp_path: Path) -> None:
         "export", "grafana-dashboard", "--out", str(tmp_path / "no" / "x.json"), env_dir=tmp_path
     )
     assert bad.returncode == 2 and "cannot write" in bad.stderr
+
+
+def test_a_target_read_from_prometheus_from_a_shell(tmp_path: Path) -> None:
+    sel = '{job="vllm",instance="127.0.0.1:8000"}'
+    ok = kvscope("target", "add", "viaprom", "--prometheus", "http://127.0.0.1:9090",
+                 "--selector", sel, env_dir=tmp_path)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "read from Prometheus as {job=" in ok.stdout
+    (row,) = json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout)
+    assert (row["source"], row["selector"], row["base_url"]) == (
+        "prometheus",
+        sel,
+        "http://127.0.0.1:9090",
+    )
+    both = kvscope("target", "add", "x", "http://127.0.0.1:8000", "--prometheus",
+                   "http://127.0.0.1:9090", env_dir=tmp_path)  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr
+    bad = kvscope("target", "add", "y", "--prometheus", "http://127.0.0.1:9090",
+                  "--selector", "{job=vllm}", env_dir=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and "give PromQL label matchers" in bad.stderr

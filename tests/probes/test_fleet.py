@@ -21,6 +21,7 @@ from storage.dashboards import worker_status
 from storage.db import open_store
 from storage.queries import fleet
 from storage.settings import Settings
+from tests.support.cli import stop
 from tests.support.fake_vllm import FakeVllm, serve
 from tests.support.postgres import Cluster
 from tests.support.waiting import wait_until
@@ -157,11 +158,7 @@ def test_a_killed_worker_s_targets_are_scraped_again_within_two_intervals(
     finally:
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGTERM)  # all at once, then wait for each
         for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            stop(p)
         store.dispose()

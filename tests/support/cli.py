@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,3 +53,14 @@ def spawn(
         stderr=stderr,
         text=True,
     )
+
+
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
+    """Stop a process the tests started, by its PID: `sig`, then SIGKILL after `grace_s`."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

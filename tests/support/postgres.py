@@ -24,6 +24,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from storage.db import open_store
+from tests.support.cli import stop
 
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
 TEMPLATE = "kvscope_template"
@@ -88,13 +89,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Fast shutdown by PID (SIGINT: roll back and exit), then the folder goes."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop(self.proc, signal.SIGINT)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

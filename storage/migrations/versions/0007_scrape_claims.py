@@ -1,4 +1,5 @@
-"""several workers on one store: which worker scrapes which target
+"""several workers on one store: which worker scrapes which target; targets read from a
+Prometheus server instead of scraped
 
 Revision ID: 0007
 Revises: 0006
@@ -28,7 +29,15 @@ def upgrade() -> None:
         sa.Column("holder", sa.String(64), nullable=False),
         sa.Column("until", sa.Float(), nullable=False),
     )
+    with op.batch_alter_table("targets") as batch:
+        batch.add_column(
+            sa.Column("source", sa.String(20), nullable=False, server_default="scrape")
+        )
+        batch.add_column(sa.Column("selector", sa.String(500), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("targets") as batch:
+        batch.drop_column("selector")
+        batch.drop_column("source")
     op.drop_table("scrape_claims")
