@@ -59,6 +59,7 @@ bench: install engine-env
 	$(BIN)/python -m benchmarks.loadgen
 	$(BIN)/python -m benchmarks.alerts
 	$(BIN)/python -m benchmarks.worker
+	$(BIN)/python -m benchmarks.fleet
 	$(BIN)/python -m benchmarks.simulator --speed
 	$(BIN)/python -m benchmarks.simulator
 

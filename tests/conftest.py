@@ -31,7 +31,6 @@ BOTH_BACKENDS = (
     "storage",
     "probes/test_worker.py",
     "probes/test_worker_lease.py",
-    "probes/test_worker_isolation.py",
     "probes/test_alerts.py",
     "app/test_pages.py",
     "app/test_slo_alert_cost_pages.py",

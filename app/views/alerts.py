@@ -17,6 +17,7 @@ from probes.alerting import changes
 from probes.alerting.rules import DEFAULT_RULES, ParsedRules, RuleKind, rules_from_rows
 from storage import queries
 from storage.access import Action, allowed
+from storage.schemas import parse_labels
 
 
 def render() -> None:
@@ -98,6 +99,7 @@ def _rule_row(rule_id: int, data: dict[str, Any], parsed: ParsedRules) -> dict[s
         "condition": words,
         "for": f"{data.get('for_s', 0):g} s",
         "target": data.get("target") or "every",
+        "labels": ", ".join(f"{k}={v}" for k, v in sorted((data.get("labels") or {}).items())),
     }
 
 
@@ -141,6 +143,12 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
             index=targets.index(data.get("target")) if data.get("target") in targets else 0,
             format_func=lambda t: "every target" if t is None else t,
         )
+        labels = st.text_input(
+            "Only targets labelled",
+            ", ".join(f"{k}={v}" for k, v in sorted((data.get("labels") or {}).items())),
+            placeholder="pool=chat, region=eu",
+            help="the rule watches only the targets carrying all these labels",
+        )
         e = st.columns(3)
         per_running = e[0].checkbox(
             "Queue: per running request",
@@ -174,6 +182,7 @@ def _editor(rules: list[tuple[int, dict[str, Any]]]) -> None:
                         "window_s": window_s,
                         "metric": metric,
                         "target": target,
+                        "labels": parse_labels(labels),
                         "enabled": enabled,
                         "per_running": per_running,
                         "baseline_s": baseline_h * 3600 or None,

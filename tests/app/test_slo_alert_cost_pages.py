@@ -105,3 +105,20 @@ def test_saving_a_rule_keeps_what_the_form_does_not_show(busy: int, store: Engin
     assert not at.error
     saved = dict(q.list_rules(store))[rule_id]
     assert saved["threshold"] == 0.05 and saved["stable_rate"] == 0.5
+
+
+def test_a_rule_can_watch_only_labelled_targets(busy: int, store: Engine) -> None:
+    at = run_page("alerts")
+    pick = at.selectbox(key="rule_pick")
+    pick.select_index(next(i for i, o in enumerate(pick.options) if o == "KV cache nearly full"))
+    pick.run()
+    field = next(t for t in at.text_input if t.label == "Only targets labelled")
+    field.input("pool")
+    next(b for b in at.button if b.label == "Save rule").click().run()
+    assert any("give it as name=value" in e.value for e in at.error)
+    field = next(t for t in at.text_input if t.label == "Only targets labelled")
+    field.input("pool=chat")
+    next(b for b in at.button if b.label == "Save rule").click().run()
+    assert not at.error
+    saved = next(r for _, r in q.list_rules(store) if r["name"] == "KV cache nearly full")
+    assert saved["labels"] == {"pool": "chat"}
