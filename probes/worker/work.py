@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from planner.errors import KvscopeError, NotFound
+from planner.errors import InvalidInput, KvscopeError, NotFound
 from probes.engine.manager import EngineManager
 from probes.engine.process import STOP_TIMEOUT_S
 from probes.engine.spec import EngineSpec, address, parse_spec
@@ -138,6 +138,11 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     if run.target_id is None:
         raise NotFound("this probe run names no target")
     target = work.target(run.target_id)
+    if target.source == "prometheus":
+        raise InvalidInput(
+            f"target {target.name} is read from Prometheus ({target.base_url}); a probe sends "
+            "requests to the engine itself: add the engine by its URL and probe that"
+        )
     manager = work.engines.get(target.name) if target.managed else None
 
     async def restart(spec: EngineSpec) -> None:

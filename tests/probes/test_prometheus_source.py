@@ -130,3 +130,22 @@ def test_a_target_read_from_prometheus_shows_what_the_scraped_one_shows(
         finally:
             stop.set()
             worker.stop()
+
+
+def test_a_probe_of_a_target_read_from_prometheus_is_refused_with_the_way_out(
+    settings: Settings,
+) -> None:
+    worker = Worker(settings)
+    spec = {"name": "viaprom", "base_url": "http://127.0.0.1:9", "source": "prometheus",
+            "selector": '{job="vllm"}'}  # fmt: skip
+    tid = q.add_target(worker.store, q.parse_target(spec)).id
+    run = q.request_run(worker.store, "latency", {"rate": 1, "duration_s": 2}, target_id=tid)
+    worker.start()
+    try:
+        wait_until(
+            lambda: (worker.tick(), q.get_run(worker.store, run.id).status)[1] == "failed", 20
+        )
+    finally:
+        worker.stop()
+    error = q.get_run(worker.store, run.id).error or ""
+    assert "is read from Prometheus" in error and "add the engine by its URL" in error
