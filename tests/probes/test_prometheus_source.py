@@ -141,10 +141,13 @@ def test_a_probe_of_a_target_read_from_prometheus_is_refused_with_the_way_out(
     tid = q.add_target(worker.store, q.parse_target(spec)).id
     run = q.request_run(worker.store, "latency", {"rate": 1, "duration_s": 2}, target_id=tid)
     worker.start()
+
+    def failed() -> bool:
+        worker.tick()
+        return q.get_run(worker.store, run.id).status == "failed"
+
     try:
-        wait_until(
-            lambda: (worker.tick(), q.get_run(worker.store, run.id).status)[1] == "failed", 20
-        )
+        wait_until(failed, 20)
     finally:
         worker.stop()
     error = q.get_run(worker.store, run.id).error or ""
