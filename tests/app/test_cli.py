@@ -80,8 +80,6 @@ def test_target_add_list_remove(tmp_path: Path) -> None:
     added = kvscope("target", "add", "prod", "http://10.1.2.3:8000", "--label", "pool=chat",
                     "--label", "region=eu", env_dir=tmp_path)  # fmt: skip
     assert added.returncode == 0, added.stderr
-    bad = kvscope("target", "add", "x", "http://10.1.2.3:8001", "--label", "pool", env_dir=tmp_path)
-    assert bad.returncode == 2 and "label 'pool': give it as name=value" in bad.stderr
     dup = kvscope("target", "add", "prod", "http://10.1.2.3:8000", env_dir=tmp_path)
     assert dup.returncode == 2 and "already exists" in dup.stderr
     listed = json.loads(kvscope("target", "list", "--json", env_dir=tmp_path).stdout)
@@ -208,6 +206,3 @@ def test_a_target_read_from_prometheus_from_a_shell(tmp_path: Path) -> None:
     both = kvscope("target", "add", "x", "http://127.0.0.1:8000", "--prometheus",
                    "http://127.0.0.1:9090", env_dir=tmp_path)  # fmt: skip
     assert both.returncode == 2 and "not both" in both.stderr
-    bad = kvscope("target", "add", "y", "--prometheus", "http://127.0.0.1:9090",
-                  "--selector", "{job=vllm}", env_dir=tmp_path)  # fmt: skip
-    assert bad.returncode == 2 and "give PromQL label matchers" in bad.stderr
