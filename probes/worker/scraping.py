@@ -426,7 +426,7 @@ class ScrapeLoop:
         instant queries within the scrape's one deadline)."""
         selector = target.selector or "{}"
         series, up = promql.queries(selector)
-        urls = [promql.query_url(client.base_url, q, at) for q in (up, series)]
+        urls = [promql.query_url(client.base_url, expr, at) for expr in (up, series)]
         per = limits.body_limit_bytes
 
         async def get(url: str) -> list[dict[str, Any]]:
@@ -454,7 +454,8 @@ class ScrapeLoop:
         step = max(limits.interval_s, BACKFILL_S / promql.MAX_RANGE_POINTS)
         series, up = promql.queries(selector)
         urls = [
-            promql.range_url(client.base_url, q, end - BACKFILL_S, end, step) for q in (up, series)
+            promql.range_url(client.base_url, expr, end - BACKFILL_S, end, step)
+            for expr in (up, series)
         ]
         try:
             async with asyncio.timeout(BACKFILL_TIMEOUT_S):
