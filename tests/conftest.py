@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,28 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         hog.kill()
         hog.wait(timeout=10)
     _HOGS.clear()
+
+
+# The worker's own threads: one a test leaves running keeps scraping (and, on PostgreSQL,
+# claiming targets) through every later test, slowing the whole session.
+_WORKER_THREADS = ("kvscope-fleet", "kvscope-scrapes", "kvscope-demo-load")
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_thread_left() -> Iterator[None]:
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = [
+            t.name
+            for t in threading.enumerate()
+            if t not in before and t.name.startswith(_WORKER_THREADS) and t.is_alive()
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"the test left worker threads running: {left} (stop the worker)"
 
 
 def _backends() -> list[str]:

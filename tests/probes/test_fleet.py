@@ -111,11 +111,20 @@ def test_workers_share_the_targets_and_one_leads(shared: Settings, targets: list
                 w.stop()
 
 
+def _slots(starts: np.ndarray, interval: float) -> list[int]:
+    """Each scrape's slot of the target's cadence (kept by whoever takes it over). A scrape
+    starts late on a busy machine, never early, so the cadence's phase is the median one; a
+    second scrape in one interval shares a slot with another."""
+    phase = np.median((starts - starts[0] + interval / 2) % interval - interval / 2)
+    return [int(x) for x in np.floor((starts - starts[0] - phase) / interval + 0.25)]
+
+
 def test_a_killed_worker_s_targets_are_scraped_again_within_two_intervals(
     shared: Settings, targets: list[int], tmp_path: Path
 ) -> None:
     """Three `kvscope worker` processes; one is killed (SIGKILL: no goodbye). Every target
-    keeps being scraped with no gap over two intervals and never twice in one."""
+    keeps being scraped with no gap over two intervals and never twice in one slot of its
+    cadence."""
     interval = 1.0
     env = {
         **os.environ,
@@ -152,7 +161,8 @@ def test_a_killed_worker_s_targets_are_scraped_again_within_two_intervals(
             starts = np.sort(points["ts"].to_numpy(float))
             gaps = np.diff(starts)
             assert gaps.max() <= 2 * interval, (tid, tid in moved, gaps.max())
-            assert gaps.min() >= 0.5 * interval, (tid, tid in moved, gaps.min())
+            slots = _slots(starts, interval)
+            assert len(set(slots)) == len(slots), (tid, tid in moved, starts - starts[0])
             worst = max(worst, float(gaps.max())) if tid in moved else worst
         print(f"{len(moved)} targets moved; longest gap {worst:.2f} s at a {interval:g} s interval")
     finally:

@@ -391,7 +391,8 @@ def test_cancel_stops_cleanly() -> None:
     assert result.stopped == "cancelled" and result.planned == 200
     recs = result.records
     # About 20 were due in 0.5 s; each streams for 0.8 s, so all of them were in flight.
-    assert 15 <= len(recs) <= 25 and len(recs) == generations
+    # The server may not yet have read the last one sent before the cancel.
+    assert 15 <= len(recs) <= 25 and len(recs) - 1 <= generations <= len(recs)
     assert all(r.status == "cancelled" and r.error == "cancelled while in flight" for r in recs)
     assert all(r.sent_ts is not None and r.sent_ts <= cancelled_at for r in recs)
     assert all(r.end_ts is not None and r.end_ts <= cancelled_at + 0.3 for r in recs)

@@ -205,7 +205,7 @@ def test_a_new_worker_replaces_the_stored_jobs_of_a_dead_one(settings: Settings)
     first = Worker(settings)
     q.add_target(first.store, q.parse_target({"name": "t", "base_url": "http://127.0.0.1:9"}))
     first.start()
-    first.scheduler.shutdown(wait=False)  # the process died: its jobs stay in the job store
+    _die(first)  # the process died: its jobs stay in the job store
     _expire_lease(first)  # ... and its lease ran out, as a dead worker's does
     second = Worker(settings)
     second.start()
@@ -247,6 +247,15 @@ def test_probe_schedules_become_jobs_that_queue_one_run_at_a_time(settings: Sett
         assert w.scheduler.get_job(f"schedule:{sched.id}") is None
     finally:
         w.stop()
+
+
+def _die(w: Worker) -> None:
+    """Stop a worker's threads as a killed process would: nothing released, nothing marked."""
+    w.scheduler.shutdown(wait=False)
+    w._stop.set()
+    if w._fleet_thread is not None:
+        w._fleet_thread.join(10)
+    w.scrapes.stop()
 
 
 def _expire_lease(w: Worker) -> None:
