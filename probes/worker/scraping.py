@@ -425,17 +425,9 @@ class ScrapeLoop:
         """The engine's page as the Prometheus server named by `target` saw it last (two
         instant queries within the scrape's one deadline)."""
         selector = target.selector or "{}"
-        series, up = promql.queries(selector)
-        urls = [promql.query_url(client.base_url, expr, at) for expr in (up, series)]
-        per = limits.body_limit_bytes
-
-        async def get(url: str) -> list[dict[str, Any]]:
-            body = await client.get_text(url, limits.deadline_s, per, "application/json")
-            return promql.result(body, url)
-
+        urls = [promql.query_url(client.base_url, expr, at) for expr in promql.queries(selector)]
         try:
-            async with asyncio.timeout(limits.deadline_s):
-                ups, vllm = await asyncio.gather(*(get(u) for u in urls))
+            vllm, ups = await _ask(client, urls, limits.deadline_s, limits.body_limit_bytes)
         except TimeoutError as err:
             raise TargetError(
                 f"Prometheus at {client.base_url} did not answer in full within "
@@ -452,20 +444,12 @@ class ScrapeLoop:
         selector = target.selector or "{}"
         end = time.time()
         step = max(limits.interval_s, BACKFILL_S / promql.MAX_RANGE_POINTS)
-        series, up = promql.queries(selector)
         urls = [
             promql.range_url(client.base_url, expr, end - BACKFILL_S, end, step)
-            for expr in (up, series)
+            for expr in promql.queries(selector)
         ]
         try:
-            async with asyncio.timeout(BACKFILL_TIMEOUT_S):
-                bodies = await asyncio.gather(
-                    *(
-                        client.get_text(u, BACKFILL_TIMEOUT_S, BACKFILL_BYTES, "application/json")
-                        for u in urls
-                    )
-                )
-            ups, vllm = (promql.result(b, u) for b, u in zip(bodies, urls, strict=True))
+            vllm, ups = await _ask(client, urls, BACKFILL_TIMEOUT_S, BACKFILL_BYTES)
             pages = promql.range_texts(ups, vllm, selector, client.base_url)
         except (KvscopeError, TimeoutError) as err:
             log.warning(
@@ -495,3 +479,18 @@ class ScrapeLoop:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+async def _ask(
+    client: AsyncVllmClient, urls: list[str], timeout_s: float, limit: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The results of the two queries of `promql.queries` (the vLLM series, then `up`),
+    both within one deadline."""
+
+    async def get(url: str) -> list[dict[str, Any]]:
+        body = await client.get_text(url, timeout_s, limit, "application/json")
+        return promql.result(body, url)
+
+    async with asyncio.timeout(timeout_s):
+        series, up = await asyncio.gather(*(get(u) for u in urls))
+    return series, up

@@ -153,12 +153,23 @@ def overview(store: Engine, now: float | None = None) -> list[OverviewRow]:
     return rows
 
 
+LIVE_GAUGES = ("kv_usage", "running", "waiting")
+LIVE_RATES = {
+    "preemptions_per_s": "preemptions_total",
+    "prompt_tokens_per_s": "prompt_tokens_total",
+    "generation_tokens_per_s": "generation_tokens_total",
+    "requests_per_s": "requests_finished_total",
+}
+# The Live page's columns (at rollup resolutions also each gauge's `_max`).
+LIVE_COLUMNS = [*LIVE_GAUGES, "free_blocks", *LIVE_RATES, "prefix_hit_rate"]
+
+
 def live(store: Engine, target_id: int, start: float, end: float) -> pd.DataFrame:
     """The Live page's series on one grid: KV usage, free blocks, queues, rates, hit rate."""
     grid = d.make_grid(start, end)
     target = q.get_target(store, target_id)
     frame = pd.DataFrame(index=pd.Index(grid.points, name="ts"))
-    for m in ("kv_usage", "running", "waiting"):
+    for m in LIVE_GAUGES:
         frame[m] = d.gauge(store, target_id, m, grid).to_numpy()
         if grid.resolution:  # rollups: the peak of each bucket, which its average hides
             frame[f"{m}_max"] = d.gauge(store, target_id, m, grid, stat="max").to_numpy()
@@ -167,12 +178,7 @@ def live(store: Engine, target_id: int, start: float, end: float) -> pd.DataFram
         frame["free_blocks"] = (1.0 - frame["kv_usage"]) * (target.num_gpu_blocks - 1)
     else:
         frame["free_blocks"] = np.nan
-    for col, counter in (
-        ("preemptions_per_s", "preemptions_total"),
-        ("prompt_tokens_per_s", "prompt_tokens_total"),
-        ("generation_tokens_per_s", "generation_tokens_total"),
-        ("requests_per_s", "requests_finished_total"),
-    ):
+    for col, counter in LIVE_RATES.items():
         frame[col] = d.rate(store, target_id, counter, grid).to_numpy()
     hits = d.rate(store, target_id, "prefix_cache_hits_total", grid).to_numpy()
     queries = d.rate(store, target_id, "prefix_cache_queries_total", grid).to_numpy()
@@ -219,11 +225,7 @@ class SeriesView(BaseModel):
 def series_names() -> list[str]:
     """What `series_view` can return: the Live page's columns and each latency histogram's
     quantiles (`ttft_p99`, `itl_ratio`, ...)."""
-    live_cols = [
-        "kv_usage", "running", "waiting", "free_blocks", "preemptions_per_s",
-        "prompt_tokens_per_s", "generation_tokens_per_s", "requests_per_s", "prefix_hit_rate",
-    ]  # fmt: skip
-    return live_cols + [f"{h}_{c}" for h in LATENCY_HISTOGRAMS for c in TAIL_COLUMNS]
+    return LIVE_COLUMNS + [f"{h}_{c}" for h in LATENCY_HISTOGRAMS for c in TAIL_COLUMNS]
 
 
 def series_view(
