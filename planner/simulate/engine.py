@@ -174,6 +174,11 @@ class EngineStats:
 GapSink = Callable[[np.ndarray, float], None]
 
 
+# The reductions without ndarray methods' Python wrappers (most arrays here are short).
+_sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
+_any, _all = np.logical_or.reduce, np.logical_and.reduce
+
+
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -250,7 +255,7 @@ class _Running:
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep the requests where `mask` holds, in order."""
-        n, m = self.n, int(mask.sum())
+        n, m = self.n, int(_sum(mask))
         self.ints[:, :m] = self.ints[:, :n][:, mask]
         self.floats[:, :m] = self.floats[:, :n][:, mask]
         self.reqs = [r for r, k in zip(self.reqs, mask.tolist(), strict=True) if k]
@@ -430,7 +435,7 @@ class _Engine:
                 room = np.maximum(config.max_num_batched_tokens - before, 0)
                 got[:n0] = np.minimum(room, want)
             preempted = self.allocate(got)
-        budget = config.max_num_batched_tokens - int(got[: run.n].sum())
+        budget = config.max_num_batched_tokens - int(_sum(got[: run.n]))
         # As vLLM V1: no new admissions in a step that had to preempt.
         while not preempted and self.waiting and run.n < config.max_num_seqs:
             chunk, hit = self.first_chunk(self.waiting[0], budget)
@@ -453,13 +458,13 @@ class _Engine:
         n = run.n
         got = got[:n]
         scheduled = got > 0
-        if not scheduled.any():
+        if not _any(scheduled):
             return False
         computed = run.computed[:n]
-        tokens = int(got.sum())
-        kv_tokens = int((computed + got)[scheduled].sum())
-        pairs = int((got * computed + got * (got + 1) // 2).sum())
-        step = self.cost.step_s(tokens, kv_tokens, int(scheduled.sum()), pairs)
+        tokens = int(_sum(got))
+        kv_tokens = int(_sum((computed + got)[scheduled]))
+        pairs = int(_sum(got * computed + got * (got + 1) // 2))
+        step = self.cost.step_s(tokens, kv_tokens, int(_sum(scheduled)), pairs)
         self.now += step
         stats.steps += 1
         stats.busy_s += step
@@ -476,9 +481,9 @@ class _Engine:
             self.on_gaps(gaps, 1.0)
         run.last_s[:n][emit] = self.now
         self.publish()
-        stats.max_batch = max(stats.max_batch, int(scheduled.sum()))
+        stats.max_batch = max(stats.max_batch, int(_sum(scheduled)))
         # Every request emitted: all are decoding, and their last token came just now.
-        self.decoding = bool(emit.all())
+        self.decoding = bool(_all(emit))
         return True
 
     def allocate(self, got: np.ndarray) -> bool:
@@ -491,7 +496,7 @@ class _Engine:
             n = run.n
             held = run.base[:n] + run.blocks[:n]
             need = np.maximum(-(-(run.computed[:n] + got[:n]) // bs) - held, 0)
-            total = int(need.sum())
+            total = int(_sum(need))
             if total > self.free and self.cache is not None:
                 self.free += self.cache.evict(total - self.free)
             if total <= self.free:
@@ -525,33 +530,41 @@ class _Engine:
                 return False
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
-        k = int((run.output[:n] - run.generated[:n]).min())
-        k = self._span(k)
+        k = int(_min(run.output[:n] - run.generated[:n]))
+        k, need = self._span(k)
         if k < 2:
             return False
-        steps = self.cost.decode_steps_s(n, int(run.computed[:n].sum()), k)
+        steps = self.cost.decode_steps_s(n, int(_sum(run.computed[:n])), k)
         # Sequential sums, so that the times are exactly those of step-by-step runs.
-        times = np.cumsum(np.concatenate(([self.now], steps)))
+        first = float(steps[0])
+        steps[0] += self.now
+        times = np.cumsum(steps)
         if arrival < math.inf:
             # The stretch ends at the first step that starts at or after the arrival.
-            k = min(k, int(np.searchsorted(times[1:], arrival, side="left")) + 1)
-        self.stats.busy_s += float(steps[:k].sum())
-        self.stats.steps += k
-        self.stats.stretches += 1
-        self.now = float(times[k])
+            cut = int(np.searchsorted(times, arrival, side="left")) + 1
+            if cut < k:
+                k = cut
+                need = self._blocks_needed(k)
+        steps[0] = first
+        stats = self.stats
+        stats.busy_s += float(_sum(steps[:k]))
+        stats.steps += k
+        stats.stretches += 1
         # Every request emitted at the last step's end, so the gaps are the step times.
-        gaps = np.diff(times[: k + 1])
+        gaps = times[:k].copy()
+        gaps[1:] -= times[: k - 1]
+        gaps[0] -= self.now
+        self.now = float(times[k - 1])
         itl = run.itl_max_s[:n]
-        np.maximum(itl, float(gaps.max()), out=itl)
+        np.maximum(itl, float(_max(gaps)), out=itl)
         if self.on_gaps is not None:
             self.on_gaps(gaps, float(n))
-        self.stats.max_batch = max(self.stats.max_batch, n)
+        stats.max_batch = max(stats.max_batch, n)
         run.last_s[:n] = self.now
-        need = self._blocks_needed(k)
         run.blocks[:n] += need
         run.generated[:n] += k
         run.computed[:n] += k
-        self.free -= int(need.sum())
+        self.free -= int(_sum(need))
         self.publish()
         return True
 
@@ -579,30 +592,31 @@ class _Engine:
             run.base[i] += moved
             run.published[i] = ready[i]
 
-    def _span(self, limit: int) -> int:
-        """Most decode steps (up to `limit`) whose blocks are free."""
-        if int(self._blocks_needed(limit).sum()) <= self.free:
-            return limit
+    def _span(self, limit: int) -> tuple[int, np.ndarray]:
+        """Most decode steps (up to `limit`) whose blocks are free, and those blocks."""
+        need = self._blocks_needed(limit)
+        if int(_sum(need)) <= self.free:
+            return limit, need
         lo, hi = 0, limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if int(self._blocks_needed(mid).sum()) <= self.free:
+            if int(_sum(self._blocks_needed(mid))) <= self.free:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo, self._blocks_needed(lo)
 
     def end_of_step(self) -> Iterator[RequestResult]:
         """Hand over the requests the step finished, free their blocks, sample."""
         run, n = self.running, self.running.n
         done = run.generated[:n] >= run.output[:n]
-        if done.any():
+        if _any(done):
             for i in np.flatnonzero(done).tolist():
                 yield self.result(i)
                 key = run.reqs[i].prefix
                 if self.cache is not None and key is not None:
                     self.cache.unpin(key)
-            self.free += int(run.blocks[:n][done].sum())
+            self.free += int(_sum(run.blocks[:n][done]))
             run.keep(~done)
         if self.sample_every_s is not None and self.now >= self.next_sample:
             # As vLLM's KV usage: cached blocks nobody runs with count as free.
