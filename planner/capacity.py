@@ -74,6 +74,10 @@ class PlanRequest:
     enforce_eager: bool = False
     vllm_version: str | None = None  # None: the newest release the planner knows
     nodes: int = 1  # machines the replica spans (NCCL over the network)
+    # The sampler's top-k/top-p path a startup log names ("flashinfer", "native"); None:
+    # the release's usual one.
+    sampler: str | None = None
+    expert_parallel: bool = False  # --enable-expert-parallel: whole experts per rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +389,8 @@ def plan_capacity(req: PlanRequest) -> CapacityPlan:
                 which,
                 bool(unsure),
                 req.nodes,
+                req.sampler,
+                req.expert_parallel,
             )
             budget = memory_budget(
                 total_mem,

@@ -56,6 +56,10 @@ class StartupFacts(Protocol):
     def kv_tokens(self) -> int | None: ...
     @property
     def device(self) -> str | None: ...
+    @property
+    def sampler(self) -> str | None: ...
+    @property
+    def enable_expert_parallel(self) -> bool | None: ...
 
 
 def _gib(value: float | None) -> int | None:
@@ -106,6 +110,8 @@ def request_from_log(
         enforce_eager=bool(facts.enforce_eager),
         vllm_version=facts.version,
         nodes=nodes,
+        sampler=facts.sampler,
+        expert_parallel=bool(facts.enable_expert_parallel),
     )
 
 
@@ -161,7 +167,16 @@ def measured_request(facts: StartupFacts, logged: CapacityPlan, req: PlanRequest
     served = served_dtype(req.model, req.model_dtype)
 
     def act(tokens: int, seqs: int) -> int:
-        return activation_bytes(acc, req.model, served, logged.tp, tokens, seqs)
+        return activation_bytes(
+            acc,
+            req.model,
+            served,
+            logged.tp,
+            tokens,
+            seqs,
+            sampler=req.sampler,
+            expert_parallel=req.expert_parallel,
+        )
 
     wanted = (
         req.max_num_batched_tokens or logged.max_num_batched_tokens,

@@ -56,6 +56,10 @@ class Accounting:
     calibrated: bool  # ground truth (published logs) checked in tests
     calibrated_multi_gpu: bool  # ... including starts with TP >= 2
     sources: tuple[str, ...]
+    # The sampler warm-up's copies by top-k/top-p path where the release picks it by what is
+    # installed (FlashInfer or PyTorch's sort), as a startup log names it; `sampler_copies`
+    # is the path a plan without a log assumes.
+    sampler_paths: tuple[tuple[str, float], ...] = ()
 
     def covers(self, version: tuple[int, ...]) -> bool:
         """Whether `version` falls in this range."""
@@ -119,10 +123,19 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graph_estimate=(round(0.4 * GIB), round(0.6 * GIB), round(2.0 * GIB)),
         calibrated=True,
         calibrated_multi_gpu=True,
+        sampler_paths=(("flashinfer", 1.5), ("native", 9.5)),
         sources=(
             f"{DENNISLEE_0_10}: six 0.10.1.1 logs on A100 (Qwen2-7B TP1/TP2 at utilization 0.25 "
             "and 0.5, gpt-oss-120b TP4): weights + overheads = requested - available KV, "
-            "0.49-0.64 GiB of overheads with max_num_batched_tokens 2048, max_num_seqs 256",
+            "0.49-0.64 GiB of overheads with max_num_batched_tokens 2048, max_num_seqs 256; "
+            "every one of them logs 'Using FlashInfer for top-p & top-k sampling'",
+            "vllm/v1/sample/ops/topk_topp_sampler.py (0.10): V1 samples top-k/top-p with "
+            "FlashInfer when it is installed; without it ('FlashInfer is not available. Falling "
+            "back to the PyTorch-native implementation') apply_top_k_top_p sorts the float32 "
+            "logits, the path the 0.11 accounting measures (9.5 copies). The vLLM 0.10.2 start "
+            "of Qwen3-235B-A22B-FP8 on 8x L40S (tim-roethig/ai-platform@8fc2c9b, "
+            "platform/docs/qwen3_235b_on_8xl40s.md) logs the fallback and 1.4 GiB of peak "
+            "activation; the sort path's 9.5 copies of [256, 151,936] are 1.38 GiB",
             "vllm/v1/worker/gpu_worker.py (0.10.1.1): CUDA graphs are captured after the KV "
             "cache is allocated, out of the (1 - utilization) headroom; the memory snapshot "
             "is taken before NCCL starts up to 0.10.2 (after it from 0.11.0, PR #25359)",
@@ -224,8 +237,19 @@ def accounting_for(version: str | None = None) -> AccountingChoice:
     return AccountingChoice(nearest, version.strip(), False)
 
 
+def _expert_split(tp: int, expert_parallel: bool) -> int:
+    """How many ways one expert's intermediate is split: by TP, or (expert parallelism,
+    vllm/model_executor/layers/fused_moe/layer.py: each rank holds whole experts, the MoE
+    layer's TP size is 1) not at all."""
+    return 1 if expert_parallel else tp
+
+
 def forward_activation_bytes(
-    arch: ModelArch, served_dtype: str, tp: int, max_num_batched_tokens: int
+    arch: ModelArch,
+    served_dtype: str,
+    tp: int,
+    max_num_batched_tokens: int,
+    expert_parallel: bool = False,
 ) -> int:
     """The profiling forward pass's live tensors at one decoder layer's peak.
 
@@ -247,13 +271,18 @@ def forward_activation_bytes(
     ffn = 2 * arch.intermediate_size // tp
     if arch.moe is not None:
         dense_layers = arch.num_layers - len(arch.moe.moe_layers)
-        per_expert = 3 * arch.moe.expert_intermediate_size // tp + h
+        split = _expert_split(tp, expert_parallel)
+        per_expert = 3 * arch.moe.expert_intermediate_size // split + h
         ffn = max(ffn if dense_layers else 0, arch.moe.experts_per_token * per_expert)
     return max_num_batched_tokens * (4 * h + qkv + ffn) * elem
 
 
 def moe_workspace_bytes(
-    arch: ModelArch, served_dtype: str, tp: int, max_num_batched_tokens: int
+    arch: ModelArch,
+    served_dtype: str,
+    tp: int,
+    max_num_batched_tokens: int,
+    expert_parallel: bool = False,
 ) -> int:
     """The fused-MoE kernel's intermediate caches for a full batch (gate-up output, the
     activated half, the down output, per routed expert), which stay allocated after the
@@ -263,15 +292,19 @@ def moe_workspace_bytes(
     if arch.moe is None:
         return 0
     elem = 4 if served_dtype == "float32" else 2
-    inter = arch.moe.expert_intermediate_size // tp
+    inter = arch.moe.expert_intermediate_size // _expert_split(tp, expert_parallel)
     per_token = arch.moe.experts_per_token * (3 * inter + arch.hidden_size)
     return max_num_batched_tokens * per_token * elem
 
 
-def sampler_warmup_bytes(acc: Accounting, arch: ModelArch, max_num_seqs: int) -> int:
+def sampler_warmup_bytes(
+    acc: Accounting, arch: ModelArch, max_num_seqs: int, sampler: str | None = None
+) -> int:
     """The sampler warm-up: max_num_seqs requests' float32 logits over the vocabulary and
-    the copies top-k/top-p sampling makes (not split by TP: logits are gathered)."""
-    return acc.sampler_base + round(acc.sampler_copies * max_num_seqs * arch.vocab_size * 4)
+    the copies top-k/top-p sampling makes (not split by TP: logits are gathered); `sampler`
+    is the top-k/top-p path a log names ("flashinfer", "native"), None the release's usual."""
+    copies = dict(acc.sampler_paths).get(sampler or "", acc.sampler_copies)
+    return acc.sampler_base + round(copies * max_num_seqs * arch.vocab_size * 4)
 
 
 # The vision encoder's dummy run adds to the peak of multimodal models: Gemma-3 4B/12B/27B
@@ -288,18 +321,22 @@ def activation_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     with_sampler: bool = True,
+    sampler: str | None = None,
+    expert_parallel: bool = False,
 ) -> int:
     """Peak of the profiling run: the larger of the forward pass and the sampler warm-up
     with what the forward pass leaves allocated (the sampler runs on the last pipeline
     stage only)."""
-    forward = forward_activation_bytes(arch, served_dtype, tp, max_num_batched_tokens)
+    forward = forward_activation_bytes(
+        arch, served_dtype, tp, max_num_batched_tokens, expert_parallel
+    )
     vision = VISION_PROFILE if arch.vision_params else 0
     if not with_sampler:
         return forward + vision
-    sampler = sampler_warmup_bytes(acc, arch, max_num_seqs) + moe_workspace_bytes(
-        arch, served_dtype, tp, max_num_batched_tokens
+    warmup = sampler_warmup_bytes(acc, arch, max_num_seqs, sampler) + moe_workspace_bytes(
+        arch, served_dtype, tp, max_num_batched_tokens, expert_parallel
     )
-    return max(forward, sampler) + vision
+    return max(forward, warmup) + vision
 
 
 def non_torch_bytes(acc: Accounting, tp: int = 1, pp: int = 1) -> int:
@@ -360,6 +397,8 @@ def overheads(
     which: int = 1,
     unsure: bool = False,
     nodes: int = 1,
+    sampler: str | None = None,
+    expert_parallel: bool = False,
 ) -> Overheads:
     """The overheads of one pipeline stage's GPU: the point estimate (which=1), or the
     optimistic (0) / pessimistic (2) end when the planner is unsure. An unknown release
@@ -368,7 +407,15 @@ def overheads(
     parts = [
         Overheads(
             activation_bytes(
-                acc, arch, served_dtype, tp, max_num_batched_tokens, max_num_seqs, last_stage
+                acc,
+                arch,
+                served_dtype,
+                tp,
+                max_num_batched_tokens,
+                max_num_seqs,
+                last_stage,
+                sampler,
+                expert_parallel,
             ),
             non_torch_bytes(acc, tp, pp),
             graph_bytes(acc, enforce_eager, which),

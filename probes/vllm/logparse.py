@@ -401,6 +401,10 @@ class StartupReport:
     device: str | None = None
     num_blocks: int | None = None
     oom: str | None = None
+    # The sampler's top-k/top-p path ("flashinfer" or "native"), as the release says at
+    # start-up: the warm-up's memory differs by several copies of the logits between them.
+    sampler: str | None = None
+    enable_expert_parallel: bool | None = None
 
     @property
     def found(self) -> bool:
@@ -420,6 +424,12 @@ _ARG_FIELDS = (
     "quantization",
     "enforce_eager",
     "dtype",
+    "enable_expert_parallel",
+)
+# vllm/v1/sample/ops/topk_topp_sampler.py: which top-k/top-p implementation a worker uses.
+_SAMPLER = re.compile(
+    r"(?P<flashinfer>Using FlashInfer for top-p & top-k sampling)|(?P<native>Falling back to "
+    r"the PyTorch-native implementation of top-p & top-k sampling)"
 )
 
 
@@ -440,6 +450,9 @@ def read_startup(lines: Iterable[str]) -> StartupReport:
     acc: dict[str, Any] = {}
     args: dict[str, Any] = {}
     for line in lines:
+        sampler = _SAMPLER.search(line)
+        if sampler:
+            acc["sampler"] = "flashinfer" if sampler["flashinfer"] else "native"
         for fact in parse_line(line):
             v = fact.values
             if fact.kind == "version":

@@ -17,9 +17,18 @@ SURE = [r for r in ALL if not r.unsure]
 
 def test_the_fixture_covers_what_the_issue_asks() -> None:
     assert len(ALL) >= 20
-    assert {r.entry["gpu"] for r in ALL} >= {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4"}
-    assert {r.report.version for r in ALL} >= {"0.10.1.1", "0.11.0", "0.11.2", "0.19.0"}
-    assert {r.report.tensor_parallel_size for r in ALL} >= {1, 2, 4}
+    assert {r.entry["gpu"] for r in ALL} >= {
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h200",
+        "l4",
+        "l40s",
+    }
+    assert {r.report.version for r in ALL} >= {"0.10.1.1", "0.10.2", "0.11.0", "0.11.2", "0.19.0"}
+    assert {r.report.tensor_parallel_size for r in SURE} >= {1, 2, 4, 8}
+    assert any(r.report.enable_expert_parallel for r in SURE)
+    assert any(r.report.sampler == "native" for r in SURE)
     assert any((r.report.pipeline_parallel_size or 1) > 1 for r in ALL)
     assert any(r.plan.kv_dtype == "fp8" for r in ALL)
     assert any(r.plan.request.model.moe is not None for r in ALL)

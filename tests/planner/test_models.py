@@ -51,6 +51,7 @@ CARD_PARAMS = {
     "codellama-7b": (6.74e9, 0.005e9),
     "deepseek-v2-lite": (15.7e9, 0.05e9),
     "phi-4": (14.7e9, 0.05e9),
+    "qwen3-235b-a22b": (235e9, 0.5e9),
 }
 
 KINDS = {
