@@ -12,6 +12,7 @@ Every driver failure on an engine made here leaves it as a `StorageError` subcla
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -241,11 +242,42 @@ def alembic_config(store: Engine) -> Config:
     return cfg
 
 
+# pg_advisory_lock's key for migrations: any constant the other users of the server avoid.
+_MIGRATION_LOCK_KEY = 0x6B7673636F7065  # "kvscope"
+
+
 def upgrade(store: Engine) -> None:
-    """Create or migrate the schema to the newest revision."""
+    """Create or migrate the schema to the newest revision, one process at a time (the
+    console and the worker open a new store together; SQLite's DDL is not transactional)."""
     cfg = alembic_config(store)
-    _refuse_unknown_revisions(store, cfg)
-    command.upgrade(cfg, "head")
+    with _migrating(store):
+        _refuse_unknown_revisions(store, cfg)
+        command.upgrade(cfg, "head")
+
+
+@contextmanager
+def _migrating(store: Engine) -> Iterator[None]:
+    """Hold the store's migration lock: a file lock beside a SQLite file, an advisory lock
+    on PostgreSQL; nothing for an in-memory database."""
+    url = store.url
+    if url.get_backend_name() == "postgresql":
+        # Autocommit: the lock is the session's, and no transaction stays open meanwhile.
+        with store.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        return
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        yield
+        return
+    with open(f"{url.database}-migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _refuse_unknown_revisions(store: Engine, cfg: Config) -> None:

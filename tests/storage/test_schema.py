@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
+from storage.db import open_store
 from storage.tables import Base
 
 
@@ -45,3 +50,34 @@ def test_upgrade_is_idempotent(store: Engine) -> None:
     upgrade(store)
     with store.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+
+
+def _open_at(url: str, start: Any) -> None:
+    start.wait()
+    open_store(url).dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+def test_processes_opening_a_new_store_together_migrate_it_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`kvscope up` starts the console and the worker at once on a new store: each migrates
+    it (without the lock, one of them read "table targets already exists")."""
+    if backend == "postgresql":
+        cluster = request.getfixturevalue("postgres")
+        url = cluster.database(migrated=False)
+        request.addfinalizer(lambda: cluster.drop(url))
+    else:
+        url = f"sqlite:///{tmp_path / 'new.db'}"
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(4)
+    procs = [ctx.Process(target=_open_at, args=(url, start)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    store = open_store(url)
+    with store.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+    store.dispose()
