@@ -29,8 +29,9 @@ def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine:
         if RuleKind(data["kind"]) in quick:
             q.save_rule(store, data | quick[RuleKind(data["kind"])], rule_id)
             names[RuleKind(data["kind"])] = data["name"]
-    # Long answers arriving faster than they finish: each request grows to 3,000 tokens of
-    # the engine's 16,384, and a dozen overlap, so the cache fills and vLLM preempts.
+    # Long prompts arriving faster than they finish: vLLM admits about ten of 1,500 tokens
+    # into its 16,384, their answers outgrow what is left within a few hundred steps, and it
+    # preempts. (Answers of 1,500 tokens kept the engine busy past the requests' timeout.)
     run = threading.Thread(
         target=live.request,
         args=("latency",),
@@ -38,9 +39,9 @@ def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine:
             "target": "embedded",
             "timeout": 300,
             "rate": 3,
-            "duration_s": 20,
+            "duration_s": 6,
             "prompt_tokens": 1500,
-            "output_tokens": 1500,
+            "output_tokens": 500,
             "request_timeout_s": 240,
         },
     )
