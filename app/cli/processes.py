@@ -92,6 +92,16 @@ def up(
     ] = True,
 ) -> None:
     """Run worker and console together until Ctrl-C; both are stopped by PID on exit."""
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    # From the start: a Ctrl-C while the tiny model is built (native code that may swallow
+    # KeyboardInterrupt) must still stop it, before anything is spawned.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     config = settings()
     _refuse_open_console(config)
     config.private_data_dir()
@@ -100,6 +110,8 @@ def up(
     store = open_store(config.db_url)  # migrate once, before two processes race to do it
     if embedded:
         _prepare_embedded(config, store)
+    if stop:
+        return
     exe = [sys.executable, "-m", "app.cli"]
     env = {**os.environ, "KVSCOPE_DEMO_LOAD": "1" if (embedded and demo_load) else "0"}
     procs = [
@@ -115,14 +127,6 @@ def up(
             "the embedded vLLM engine is starting; its first start takes about a minute on "
             "2 cores (Engine page: status and log)"
         )
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     try:
         while not stop and all(p.poll() is None for p in procs):
             time.sleep(0.5)

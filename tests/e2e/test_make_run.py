@@ -8,6 +8,7 @@ no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,20 @@ from tests.e2e.conftest import ENGINE_VENV, ROOT
 from tests.support.waiting import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.browser, pytest.mark.engine_last]
+
+
+def _groups_running(folder: Path) -> set[int]:
+    """Process groups of processes whose command line names `folder`."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if str(folder).encode() in (proc / "cmdline").read_bytes():
+                found.add(os.getpgid(int(proc.name)))
+        except (OSError, ProcessLookupError):
+            continue
+    return found
 
 
 def test_kvscope_up_brings_the_console_up_on_live_engine_data(tmp_path: Path) -> None:
@@ -106,6 +121,14 @@ def test_kvscope_up_brings_the_console_up_on_live_engine_data(tmp_path: Path) ->
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in the terminal that ran `make run`
         try:
             up.wait(120)
+        except subprocess.TimeoutExpired:
+            # Never leave it running for the rest of the session: kill what it started (the
+            # engine runs in a group of its own, serving a model under tmp_path).
+            groups = {up.pid, *_groups_running(tmp_path)}
+            for pgid in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            raise
         finally:
             log.close()
             if store is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -52,9 +53,13 @@ def test_upgrade_is_idempotent(store: Engine) -> None:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
 
 
-def _open_at(url: str, start: Any) -> None:
-    start.wait()
-    open_store(url).dispose()
+# Each process imports first, then opens the store at one agreed instant.
+_OPEN_AT = """
+import sys, time
+from storage.db import open_store
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+open_store(sys.argv[1]).dispose()
+"""
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
@@ -69,14 +74,13 @@ def test_processes_opening_a_new_store_together_migrate_it_once(
         request.addfinalizer(lambda: cluster.drop(url))
     else:
         url = f"sqlite:///{tmp_path / 'new.db'}"
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(3)
-    procs = [ctx.Process(target=_open_at, args=(url, start)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    at = time.time() + 8  # after the imports, even on a busy machine
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _OPEN_AT, url, str(at)], stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=120)[1].decode()[-2000:] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
     store = open_store(url)
     with store.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
