@@ -18,7 +18,9 @@ from tests.support import injection
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals a scenario")
+    ap.add_argument(
+        "--duration", type=float, default=injection.DURATION_S, help="seconds of load a scenario"
+    )
     ap.add_argument("--causes", nargs="*", default=list(injection.CAUSES), help="inject only these")
     args = ap.parse_args()
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"

@@ -108,13 +108,18 @@ V0_17 = Accounting(
     ),
 )
 
+# Float32 copies of the logits the sampler warm-up holds, by top-k/top-p path (sources in
+# the accountings below): FlashInfer's (0.10 A100 logs), PyTorch's sort (0.11 logs).
+FLASHINFER_COPIES = 1.5
+SORT_COPIES = 9.5
+
 ACCOUNTINGS: tuple[Accounting, ...] = (
     Accounting(
         key="v0.10",
         first=(0, 9),
         last=(0, 10),
         default_gpu_memory_utilization=0.9,
-        sampler_copies=1.5,
+        sampler_copies=FLASHINFER_COPIES,
         sampler_base=round(0.12 * GIB),
         non_torch_single=round(0.2 * GIB),
         non_torch_multi=round(0.3 * GIB),
@@ -123,7 +128,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         graph_estimate=(round(0.4 * GIB), round(0.6 * GIB), round(2.0 * GIB)),
         calibrated=True,
         calibrated_multi_gpu=True,
-        sampler_paths=(("flashinfer", 1.5), ("native", 9.5)),
+        sampler_paths=(("flashinfer", FLASHINFER_COPIES), ("native", SORT_COPIES)),
         sources=(
             f"{DENNISLEE_0_10}: six 0.10.1.1 logs on A100 (Qwen2-7B TP1/TP2 at utilization 0.25 "
             "and 0.5, gpt-oss-120b TP4): weights + overheads = requested - available KV, "
@@ -146,7 +151,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
         first=(0, 11),
         last=(0, 16),
         default_gpu_memory_utilization=0.9,
-        sampler_copies=9.5,
+        sampler_copies=SORT_COPIES,
         sampler_base=round(0.16 * GIB),
         non_torch_single=round(0.2 * GIB),
         non_torch_multi=round(2.2 * GIB),

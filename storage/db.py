@@ -242,6 +242,14 @@ def alembic_config(store: Engine) -> Config:
     return cfg
 
 
+def sqlite_file(store: Engine) -> Path | None:
+    """The file of a SQLite store (None for a database server or an in-memory database)."""
+    url = store.url
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database)
+
+
 # pg_advisory_lock's key for migrations: any constant the other users of the server avoid.
 _MIGRATION_LOCK_KEY = 0x6B7673636F7065  # "kvscope"
 
@@ -269,10 +277,11 @@ def _migrating(store: Engine) -> Iterator[None]:
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         return
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    path = sqlite_file(store)
+    if path is None:
         yield
         return
-    with open(f"{url.database}-migrate.lock", "a") as lock:
+    with open(f"{path}-migrate.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -39,7 +39,7 @@ from probes.worker.scheduler import WorkerJobs, guarded
 from probes.worker.scraping import ScrapeLoop, TargetScraper
 from probes.worker.work import Handler, WorkQueue
 from storage import queries as q
-from storage.db import open_store
+from storage.db import open_store, sqlite_file
 from storage.queries import fleet
 from storage.settings import Settings
 
@@ -282,10 +282,8 @@ class Worker:
 
     def store_folder(self) -> Path | None:
         """The folder of a SQLite store's file (None for a database server)."""
-        url = self.store.url
-        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-            return None
-        return Path(url.database).resolve().parent
+        path = sqlite_file(self.store)
+        return None if path is None else path.resolve().parent
 
     def publish_heartbeat(self) -> None:
         """Write the worker's liveness and identity."""

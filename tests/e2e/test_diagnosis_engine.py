@@ -38,7 +38,7 @@ SHORT_S = {"queueing": 10.0, "kv_pressure": 10.0}
 def test_each_injected_cause_is_named(live: LiveWorker, diag_engine: str) -> None:
     pairs, wrong = [], []
     for cause in injection.CAUSES:
-        duration = SHORT_S.get(cause, 20.0)
+        duration = SHORT_S.get(cause, injection.DURATION_S)
         window = injection.inject(live.request, live.worker, cause, duration_s=duration)
         verdict, signals = injection.judge(live.worker, window)
         pairs.append((cause, verdict.cause.value))

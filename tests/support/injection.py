@@ -48,6 +48,7 @@ LOADS: dict[str, dict[str, Any]] = {
     "prefill_interference": {"rate": 0.75, "profile": MIX},
     "down": {"rate": 1, "prompt_tokens": 64, "output_tokens": 32},
 }
+DURATION_S = 20.0  # of each scenario's load
 KILL_AFTER_S = 6.0
 DOWN_WINDOW_S = 20.0  # from the run's start: the kill, and the engine not yet back
 
@@ -80,7 +81,7 @@ def wait_serving(worker: Worker, timeout_s: float = 300.0) -> None:
 
 
 def inject(
-    request: Request, worker: Worker, cause: str, duration_s: float = 20.0, seed: int = 0
+    request: Request, worker: Worker, cause: str, duration_s: float = DURATION_S, seed: int = 0
 ) -> tuple[float, float]:
     """Run the scenario of `cause` against the diag engine (its prompts drawn with `seed`);
     the window it covers."""
