@@ -49,6 +49,7 @@ log = logging.getLogger("kvscope.worker")
 # Counters whose fall means the engine restarted (worth an event, and handled by rates).
 RESET_WATCH = ("generation_tokens_total", "prompt_tokens_total", "preemptions_total")
 MAX_BACKOFF_S = 60.0
+SCRAPE_DURATION = "scrape_duration_s"  # written by every scrape, whatever it brought
 HEALTH_REFRESH_S = 5.0  # a healthy target's row (its last scrape time) is this fresh at worst
 STORE_THREADS = 4
 # A target newly read from Prometheus gets this much of its past (range queries), within
@@ -162,11 +163,15 @@ class TargetScraper:
             return self._states.setdefault(target_id, _TargetState())
 
     def last_scrape_at(self, target_id: int) -> float | None:
-        """When the target was last scraped, as stored (None if never, or unreadable)."""
+        """When the target was last scraped, as stored (None if never, or unreadable): its
+        newest scrape sample, which every scrape writes first; the row's time is refreshed
+        only every HEALTH_REFRESH_S, and a worker killed between the two leaves it older."""
         try:
-            return q.get_target(self.store, target_id).last_scrape_at
+            row = q.get_target(self.store, target_id).last_scrape_at
+            sample = q.latest_ts(self.store, target_id, SCRAPE_DURATION)
         except KvscopeError:
             return None
+        return max((t for t in (row, sample) if t is not None), default=None)
 
     def record(self, target: TargetRow, answer: Answer) -> None:
         """Parse and store one answer, then the target's health; never raises."""
@@ -290,7 +295,7 @@ def _scrape_points(ok: bool, answer: Answer) -> list[Point]:
     """`up` and the scrape's duration, stored for every scrape whatever it brought."""
     return [
         Point("up", {}, 1.0 if ok else 0.0, kind="gauge"),
-        Point("scrape_duration_s", {}, round(answer.duration_s, 6), kind="gauge"),
+        Point(SCRAPE_DURATION, {}, round(answer.duration_s, 6), kind="gauge"),
     ]
 
 

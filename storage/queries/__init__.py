@@ -67,7 +67,7 @@ from storage.queries.schedules import (
     save_profile,
     stored_profiles,
 )
-from storage.queries.series import count_samples, series_points
+from storage.queries.series import count_samples, latest_ts, series_points
 from storage.queries.state import get_state, put_state, states_under
 from storage.queries.targets import (
     add_target,
@@ -112,6 +112,7 @@ __all__ = [
     "get_state",
     "get_target",
     "interrupt_running",
+    "latest_ts",
     "list_allowed_hosts",
     "list_engine_specs",
     "list_rules",

@@ -120,6 +120,17 @@ def series_arrays(
     return out
 
 
+def latest_ts(store: Engine, target_id: int, name: str) -> float | None:
+    """The newest raw sample's time of a target's series `name` (any labels), or None."""
+    q = (
+        select(func.max(Sample.ts))
+        .join(Series, Series.id == Sample.series_id)
+        .where(Series.target_id == target_id, Series.metric == name)
+    )
+    with store.connect() as conn:
+        return conn.execute(q).scalar()
+
+
 def count_samples(store: Engine, target_id: int | None = None) -> int:
     """How many raw samples are stored (for one target)."""
     with store.connect() as conn:

@@ -117,6 +117,26 @@ def test_a_healthy_targets_row_stays_fresh_and_a_health_written_elsewhere_is_cor
     assert len(ups) == 1 and ups[0].target_id == tid
 
 
+def test_the_last_scrape_is_read_from_its_samples_not_the_rows_refresh(
+    settings: Settings,
+) -> None:
+    """A worker taking a target over keeps its cadence from the last scrape: the row's time
+    is refreshed only every HEALTH_REFRESH_S, the scrape's own sample every time."""
+    w = Worker(settings)
+    with serve(FakeVllm()) as url:
+        tid = _add(w, "fake", url)
+        w.scrape_target(tid)
+        row = q.get_target(w.store, tid).last_scrape_at
+        assert row is not None and w.scraper.last_scrape_at(tid) == row
+        w.scrape_target(tid)  # within HEALTH_REFRESH_S: the row keeps the first time
+        assert q.get_target(w.store, tid).last_scrape_at == row
+        newest = q.latest_ts(w.store, tid, scraping.SCRAPE_DURATION)
+        assert newest is not None and newest > row
+        assert w.scraper.last_scrape_at(tid) == newest
+    assert q.latest_ts(w.store, tid, "no_such_series") is None
+    w.stop()
+
+
 def test_slow_endpoint_times_out_with_a_clear_message(settings: Settings) -> None:
     w = Worker(settings.model_copy(update={"scrape": ScrapeLimits(timeout_s=0.3)}))
     fake = FakeVllm(delay_s=1.0)
