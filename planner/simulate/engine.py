@@ -107,13 +107,21 @@ class StepCost:
         """`steps` decode steps of `seqs` sequences attending over `kv_tokens` cached tokens
         before the first (each step adds one per sequence): `step_s` of each, as an array
         (a decode's pairs are its context)."""
-        kv = kv_tokens + seqs * np.arange(1, steps + 1, dtype=np.int64)
-        memory = self.weights_read_s + kv * self.kv_token_read_s
+        kv = np.arange(kv_tokens + seqs, kv_tokens + seqs * steps + 1, seqs, dtype=np.int64)
+        step: np.ndarray = kv * self.kv_token_read_s
+        step += self.weights_read_s  # memory
         compute = seqs * self.token_compute_s
-        step: np.ndarray = self.overhead_s + (
-            memory + compute if self.additive else np.maximum(memory, compute)
-        )
-        return step + seqs * self.seq_s + kv * self.pair_s
+        if self.additive:
+            step += compute
+        else:
+            np.maximum(step, compute, out=step)
+        step += self.overhead_s
+        # In step_s's order; a zero term adds nothing (x + 0.0 is x), so it is skipped.
+        if self.seq_s:
+            step += seqs * self.seq_s
+        if self.pair_s:
+            step += kv * self.pair_s
+        return step
 
 
 def pairs_of(chunk: int, cached: int) -> int:
@@ -170,7 +178,8 @@ class EngineStats:
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
 
 
-# Receives inter-token gaps in seconds and how many requests saw each one.
+# Receives inter-token gaps in seconds (an array the engine does not touch again) and how
+# many requests saw each one.
 GapSink = Callable[[np.ndarray, float], None]
 
 
@@ -253,12 +262,23 @@ class _Running:
         )
         return w, int(self.blocks[i])
 
-    def keep(self, mask: np.ndarray) -> None:
-        """Keep the requests where `mask` holds, in order."""
-        n, m = self.n, int(_sum(mask))
-        self.ints[:, :m] = self.ints[:, :n][:, mask]
-        self.floats[:, :m] = self.floats[:, :n][:, mask]
-        self.reqs = [r for r, k in zip(self.reqs, mask.tolist(), strict=True) if k]
+    def drop(self, rows: list[int]) -> None:
+        """Drop these rows (ascending), keeping the others in order."""
+        n = self.n
+        if len(rows) == 1:  # the usual case: close the gap with two slice copies
+            i = rows[0]
+            self.ints[:, i : n - 1] = self.ints[:, i + 1 : n]
+            self.floats[:, i : n - 1] = self.floats[:, i + 1 : n]
+            del self.reqs[i]
+            self.n = n - 1
+            return
+        keep = np.ones(n, dtype=bool)
+        keep[rows] = False
+        m = n - len(rows)
+        self.ints[:, :m] = self.ints[:, :n][:, keep]
+        self.floats[:, :m] = self.floats[:, :n][:, keep]
+        gone = set(rows)
+        self.reqs = [r for i, r in enumerate(self.reqs) if i not in gone]
         self.n = m
 
     def left(self) -> np.ndarray:
@@ -424,6 +444,8 @@ class _Engine:
         """One regular step; False when nothing could be scheduled."""
         config, run, stats = self.config, self.running, self.stats
         n0 = run.n
+        if self.decoding and 0 < n0 <= config.max_num_batched_tokens and self.decode_step():
+            return True
         got = np.zeros(config.max_num_seqs, dtype=np.int64)
         preempted = False
         if n0:
@@ -435,26 +457,10 @@ class _Engine:
                 room = np.maximum(config.max_num_batched_tokens - before, 0)
                 got[:n0] = np.minimum(room, want)
             preempted = self.allocate(got)
-        budget = config.max_num_batched_tokens - int(_sum(got[: run.n]))
         # As vLLM V1: no new admissions in a step that had to preempt.
-        while not preempted and self.waiting and run.n < config.max_num_seqs:
-            chunk, hit = self.first_chunk(self.waiting[0], budget)
-            if not chunk:
-                break
-            w = self.waiting.popleft()
-            cached = hit * config.block_size
-            need = _blocks_for(cached + chunk, config.block_size) - hit
-            shares = 0
-            if self.cache is not None:
-                stats.prefix_queries += w.tokens
-                stats.prefix_hits += cached
-                if w.req.prefix is not None:
-                    self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
-                    shares = w.req.shares_tokens
-            self.take(need)
-            run.add(w, self.now, need, hit, cached, shares)
-            got[run.n - 1] = chunk
-            budget -= chunk
+        if not preempted:
+            for i, chunk in self.admit(config.max_num_batched_tokens - int(_sum(got[: run.n]))):
+                got[i] = chunk
         n = run.n
         got = got[:n]
         scheduled = got > 0
@@ -484,6 +490,90 @@ class _Engine:
         stats.max_batch = max(stats.max_batch, int(_sum(scheduled)))
         # Every request emitted: all are decoding, and their last token came just now.
         self.decoding = bool(_all(emit))
+        return True
+
+    def admit(self, budget: int) -> list[tuple[int, int]]:
+        """Admit waiting requests in order while the budget, the sequence limit and the
+        blocks allow; each one's row and the tokens it computes this step."""
+        config, run, stats = self.config, self.running, self.stats
+        bs = config.block_size
+        admitted: list[tuple[int, int]] = []
+        while self.waiting and run.n < config.max_num_seqs:
+            chunk, hit = self.first_chunk(self.waiting[0], budget)
+            if not chunk:
+                break
+            w = self.waiting.popleft()
+            cached = hit * bs
+            shares = 0
+            if self.cache is not None:
+                stats.prefix_queries += w.tokens
+                stats.prefix_hits += cached
+                if w.req.prefix is not None:
+                    self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
+                    shares = w.req.shares_tokens
+            self.take(_blocks_for(cached + chunk, bs) - hit)
+            run.add(w, self.now, _blocks_for(cached + chunk, bs) - hit, hit, cached, shares)
+            admitted.append((run.n - 1, chunk))
+            budget -= chunk
+        return admitted
+
+    def decode_step(self) -> bool:
+        """`step` when every running request is decoding and all of them get their blocks
+        (False, with nothing changed but evictions, when one does not: the regular step
+        preempts): the same arithmetic in fewer array operations, since every decode takes
+        one token and emits it."""
+        config, run, stats = self.config, self.running, self.stats
+        n0 = run.n
+        need = self._blocks_needed(1)
+        total = int(_sum(need))
+        if total > self.free and self.cache is not None:
+            self.free += self.cache.evict(total - self.free)
+        if total > self.free:
+            return False
+        self.free -= total
+        run.blocks[:n0] += need
+        computed = run.computed[:n0]
+        context = int(_sum(computed))
+        admitted = self.admit(config.max_num_batched_tokens - n0)
+        # A decode attends over its context and itself; a prompt chunk over what it found
+        # cached and itself.
+        tokens, kv_tokens, pairs = n0, context + n0, context + n0
+        for i, chunk in admitted:
+            cached = int(run.computed[i])
+            tokens += chunk
+            kv_tokens += cached + chunk
+            pairs += pairs_of(chunk, cached)
+        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs)
+        self.now += step
+        now = self.now
+        stats.steps += 1
+        stats.busy_s += step
+        computed += 1
+        run.generated[:n0] += 1
+        last = run.last_s[:n0]
+        gaps = now - last
+        itl = run.itl_max_s[:n0]
+        np.maximum(itl, gaps, out=itl)
+        last[:] = now
+        decoding = True
+        for i, chunk in admitted:
+            run.computed[i] += chunk
+            if run.computed[i] < run.prompt[i] + run.generated[i]:
+                decoding = False  # a chunk of a longer prompt: no token yet
+                continue
+            run.generated[i] += 1
+            if math.isnan(run.first_s[i]):
+                run.first_s[i] = now
+            elif not math.isnan(run.last_s[i]):  # readmitted after a preemption
+                gap = now - run.last_s[i]
+                gaps = np.append(gaps, gap)
+                run.itl_max_s[i] = max(run.itl_max_s[i], gap)
+            run.last_s[i] = now
+        if self.on_gaps is not None and gaps.size:
+            self.on_gaps(gaps, 1.0)
+        self.publish()
+        stats.max_batch = max(stats.max_batch, n0 + len(admitted))
+        self.decoding = decoding
         return True
 
     def allocate(self, got: np.ndarray) -> bool:
@@ -531,20 +621,21 @@ class _Engine:
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
         k = int(_min(run.output[:n] - run.generated[:n]))
-        k, need = self._span(k)
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, int(_sum(run.computed[:n])), k)
         # Sequential sums, so that the times are exactly those of step-by-step runs.
         first = float(steps[0])
         steps[0] += self.now
-        times = np.cumsum(steps)
+        times = np.add.accumulate(steps)
         if arrival < math.inf:
             # The stretch ends at the first step that starts at or after the arrival.
-            cut = int(np.searchsorted(times, arrival, side="left")) + 1
-            if cut < k:
-                k = cut
-                need = self._blocks_needed(k)
+            k = min(k, int(times.searchsorted(arrival, side="left")) + 1)
+        # (A step's time does not depend on how many follow: the first k of these are the
+        # stretch's, whatever its length.)
+        k, need = self._span(k)
+        if k < 2:
+            return False
         steps[0] = first
         stats = self.stats
         stats.busy_s += float(_sum(steps[:k]))
@@ -572,8 +663,10 @@ class _Engine:
         """Blocks each running request needs to decode `k` more tokens."""
         run, bs = self.running, self.config.block_size
         n = run.n
-        held = run.base[:n] + run.blocks[:n]
-        need: np.ndarray = np.maximum(-(-(run.computed[:n] + k) // bs) - held, 0)
+        need: np.ndarray = (run.computed[:n] + (k + bs - 1)) // bs
+        need -= run.base[:n]
+        need -= run.blocks[:n]
+        np.maximum(need, 0, out=need)
         return need
 
     def publish(self) -> None:
@@ -611,13 +704,14 @@ class _Engine:
         run, n = self.running, self.running.n
         done = run.generated[:n] >= run.output[:n]
         if _any(done):
-            for i in np.flatnonzero(done).tolist():
+            rows = done.nonzero()[0].tolist()
+            for i in rows:
                 yield self.result(i)
                 key = run.reqs[i].prefix
                 if self.cache is not None and key is not None:
                     self.cache.unpin(key)
             self.free += int(_sum(run.blocks[:n][done]))
-            run.keep(~done)
+            run.drop(rows)
         if self.sample_every_s is not None and self.now >= self.next_sample:
             # As vLLM's KV usage: cached blocks nobody runs with count as free.
             idle = self.cache.evictable if self.cache is not None else 0

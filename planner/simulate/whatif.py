@@ -43,27 +43,46 @@ class Sketch:
         self.total = 0.0
         self.max = -math.inf
         self._values: list[float] = []
+        # Arrays handed to add_many, binned together (the simulator's engine hands a few
+        # gaps per step, and binning costs the same for a few values as for thousands).
+        self._arrays: list[np.ndarray] = []
+        self._weights: list[float] = []
+        self._lengths: list[int] = []
+        self._buffered = 0
 
     def add(self, value: float) -> None:
         self._values.append(value)
         if len(self._values) >= _FLUSH:
             self.flush()
 
-    def add_many(self, values: np.ndarray, weights: np.ndarray | float = 1.0) -> None:
-        """Values with weights (a value seen `w` times)."""
-        values = np.asarray(values, dtype=float)
-        w = np.broadcast_to(np.asarray(weights, dtype=float), values.shape)
-        if not values.size:
+    def add_many(self, values: np.ndarray, weight: float = 1.0) -> None:
+        """Values each seen `weight` times; the array is kept until binned, unchanged."""
+        if not len(values):
             return
-        np.add.at(self.counts, np.searchsorted(_EDGES, values), w)
-        self.n += float(w.sum())
-        self.total += float((values * w).sum())
-        self.max = max(self.max, float(values.max()))
+        self._arrays.append(values)
+        self._weights.append(weight)
+        self._lengths.append(len(values))
+        self._buffered += len(values)
+        if self._buffered >= _FLUSH:
+            self.flush()
 
     def flush(self) -> None:
         if self._values:
-            values, self._values = np.asarray(self._values), []
-            self.add_many(values)
+            self._arrays.append(np.asarray(self._values, dtype=float))
+            self._weights.append(1.0)
+            self._lengths.append(len(self._values))
+            self._values = []
+        if not self._arrays:
+            return
+        values = np.concatenate(self._arrays)
+        w = np.repeat(np.asarray(self._weights), self._lengths)
+        self._arrays, self._weights, self._lengths, self._buffered = [], [], [], 0
+        self.counts += np.bincount(
+            np.searchsorted(_EDGES, values), weights=w, minlength=len(self.counts)
+        )
+        self.n += float(w.sum())
+        self.total += float((values * w).sum())
+        self.max = max(self.max, float(values.max()))
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0-1): the geometric middle of the bucket that holds it (0 for

@@ -45,6 +45,25 @@ def test_the_sketch_reads_quantiles_within_half_a_percent_in_fixed_memory() -> N
     assert Sketch().quantile(0.5) is None
 
 
+def test_weighted_arrays_count_as_their_values_repeated() -> None:
+    """The engine's gaps arrive as small arrays, each gap seen by several requests."""
+    rng = np.random.default_rng(1)
+    chunks = [rng.lognormal(-4, 0.5, int(rng.integers(1, 40))) for _ in range(500)]
+    weights = [float(rng.integers(1, 9)) for _ in chunks]
+    batched, one_by_one = Sketch(), Sketch()
+    for values, w in zip(chunks, weights, strict=True):
+        batched.add_many(values, w)
+        for v in values:
+            for _ in range(int(w)):
+                one_by_one.add(float(v))
+    batched.add_many(np.array([]), 5.0)  # nothing to count
+    a, b = batched.figures(), one_by_one.figures()
+    assert (a.p50, a.p95, a.p99, a.max) == (b.p50, b.p95, b.p99, b.max)
+    assert a.mean == pytest.approx(b.mean, rel=1e-12)
+    assert np.array_equal(batched.counts, one_by_one.counts)
+    assert batched.n == sum(len(v) * w for v, w in zip(chunks, weights, strict=True))
+
+
 def test_traffic_comes_from_the_probes_profiles_with_their_classes() -> None:
     profile = get_profile("code-review")
     first = list(traffic(profile, Arrival(rate=5.0), 2000, seed=1))
