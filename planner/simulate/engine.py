@@ -113,8 +113,8 @@ class StepCost:
         compute = seqs * self.token_compute_s
         if self.additive:
             step += compute
-        else:
-            np.maximum(step, compute, out=step)
+        elif compute > step[0]:  # (memory only grows: bound by it from the first step, it is
+            np.maximum(step, compute, out=step)  # the max throughout)
         step += self.overhead_s
         # In step_s's order; a zero term adds nothing (x + 0.0 is x), so it is skipped.
         if self.seq_s:
@@ -230,6 +230,7 @@ class _Running:
             self.shares,  # tokens it may publish to the prefix cache
             self.published,  # blocks of those it has published
         ) = self.ints  # rows: views that stay valid
+        self.progress = self.ints[2:4]  # generated and computed, which a decode moves together
         self.scheduled_s, self.first_s, self.last_s, self.itl_max_s = self.floats
 
     def add(
@@ -371,6 +372,12 @@ class _Engine:
         self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
         self.decoding = False  # every running request decoding, its last token at `now`
+        # A request just joined an empty queue: the next step most likely admits it, so no
+        # stretch is tried first (one would stop at once; a step is the same either way).
+        self.fresh_head = False
+        # The last step or stretch may have finished a request (a stretch cut short by an
+        # arrival or by blocks has not).
+        self.maybe_done = False
 
     def run(self, fast_forward: bool) -> Iterator[RequestResult]:
         while self.pending is not None or self.waiting or self.running.n:
@@ -379,7 +386,8 @@ class _Engine:
                 assert self.pending is not None
                 self.now = self.pending.arrival_s
                 continue
-            if fast_forward and self.decode_stretch():
+            fresh, self.fresh_head = self.fresh_head, False
+            if fast_forward and not fresh and self.decode_stretch():
                 yield from self.end_of_step()
                 continue
             if not self.step():
@@ -405,6 +413,7 @@ class _Engine:
                 self.stats.refused += 1
                 yield RequestResult(r, refused=True)
             else:
+                self.fresh_head |= not self.waiting
                 self.waiting.append(_Waiting(r))
             self.pending = next(self.arrivals, None)
 
@@ -444,6 +453,7 @@ class _Engine:
         """One regular step; False when nothing could be scheduled."""
         config, run, stats = self.config, self.running, self.stats
         n0 = run.n
+        self.maybe_done = True
         if self.decoding and 0 < n0 <= config.max_num_batched_tokens and self.decode_step():
             return True
         got = np.zeros(config.max_num_seqs, dtype=np.int64)
@@ -548,8 +558,7 @@ class _Engine:
         now = self.now
         stats.steps += 1
         stats.busy_s += step
-        computed += 1
-        run.generated[:n0] += 1
+        run.progress[:, :n0] += 1  # generated and computed
         last = run.last_s[:n0]
         gaps = now - last
         itl = run.itl_max_s[:n0]
@@ -620,7 +629,7 @@ class _Engine:
                 return False
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
-        k = int(_min(run.output[:n] - run.generated[:n]))
+        k = left = int(_min(run.output[:n] - run.generated[:n]))
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, int(_sum(run.computed[:n])), k)
@@ -636,6 +645,7 @@ class _Engine:
         k, need = self._span(k)
         if k < 2:
             return False
+        self.maybe_done = k == left
         steps[0] = first
         stats = self.stats
         stats.busy_s += float(_sum(steps[:k]))
@@ -653,8 +663,7 @@ class _Engine:
         stats.max_batch = max(stats.max_batch, n)
         run.last_s[:n] = self.now
         run.blocks[:n] += need
-        run.generated[:n] += k
-        run.computed[:n] += k
+        run.progress[:, :n] += k  # generated and computed
         self.free -= int(_sum(need))
         self.publish()
         return True
@@ -702,8 +711,8 @@ class _Engine:
     def end_of_step(self) -> Iterator[RequestResult]:
         """Hand over the requests the step finished, free their blocks, sample."""
         run, n = self.running, self.running.n
-        done = run.generated[:n] >= run.output[:n]
-        if _any(done):
+        done = run.generated[:n] >= run.output[:n] if self.maybe_done else None
+        if done is not None and _any(done):
             rows = done.nonzero()[0].tolist()
             for i in rows:
                 yield self.result(i)
