@@ -244,6 +244,7 @@ def calibrate(
             rate,
             loaded["tpot_s"]["p50"],
             loaded["ttft_s"]["p50"],
+            q.replayed_latencies(store, load_id),
         ).model_copy(update={"target": target, "fitted_at": time.time()})
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:

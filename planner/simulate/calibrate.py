@@ -27,7 +27,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import InvalidInput
-from planner.simulate.engine import EngineConfig, SimRequest, StepCost, pairs_of, simulate
+from planner.simulate.engine import (
+    EngineConfig,
+    RequestResult,
+    SimRequest,
+    StepCost,
+    pairs_of,
+    simulate,
+)
 
 # Where a target's calibration is kept (the store's published facts), by target name.
 CALIBRATION_KEY = "calibration:{}"
@@ -123,6 +130,11 @@ class Calibration(BaseModel):
     load_scale: float = Field(1.0, gt=0)
     load_api_s: float = 0.0
     tuned_rate: float | None = None
+    # The host's noise: each request of that run as (TTFT, E2E) measured minus simulated by
+    # the tuned cost, in seconds (at most NOISE_SAMPLES, evenly taken). A scheduler with a
+    # deterministic step cost has no stalls; a shared machine has them, and a prediction
+    # adds one of these to each request.
+    noise: list[tuple[float, float]] = Field(default_factory=list)
 
     def cost(self) -> StepCost:
         k = self.load_scale
@@ -152,6 +164,12 @@ class Calibration(BaseModel):
             if self.tuned_rate is not None
             else ""
         )
+        if self.noise:
+            ttft = np.quantile([t for t, _ in self.noise], [0.5, 0.99]) * 1000
+            tuned += (
+                f", host noise from its {len(self.noise)} requests (TTFT residual p50 "
+                f"{ttft[0]:+.0f} ms, p99 {ttft[1]:+.0f} ms)"
+            )
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
             f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
@@ -270,23 +288,37 @@ LOAD_PARAMS: dict[str, Any] = {
 }
 
 
+# Most host-noise residuals a calibration keeps (the tuning run has about 200 requests).
+NOISE_SAMPLES = 256
+
+
 def tune(
     calibration: Calibration,
     requests: Sequence[SimRequest],
     rate: float,
     tpot_p50_s: float,
     ttft_p50_s: float,
+    measured: Sequence[tuple[float, float]] | None = None,
 ) -> Calibration:
     """The calibration under load: the one step-cost scale at which a replay of an
     open-loop run's own requests gives its measured TPOT p50, then the API time that gives
     its TTFT p50. A quiet closed loop and lone requests miss what load adds on a shared
-    machine (the API server and the client taking CPU from the engine's steps)."""
+    machine (the API server and the client taking CPU from the engine's steps). With each
+    request's measured (TTFT, E2E), in the order of `requests`, what the tuned replay does
+    not explain is kept as the host's noise."""
     config = calibration.config()
+    if measured is not None and len(measured) != len(requests):
+        raise InvalidInput(
+            f"{len(measured)} measured latencies for {len(requests)} replayed requests"
+        )
+
+    def replayed(scale: float) -> dict[int, RequestResult]:
+        cost = calibration.model_copy(update={"load_scale": scale}).cost()
+        return {id(r.request): r for r in simulate(requests, config, cost) if not r.refused}
 
     def simulated(scale: float) -> tuple[float, float]:
-        cost = calibration.model_copy(update={"load_scale": scale}).cost()
         tpots, ttfts = [], []
-        for r in simulate(requests, config, cost):
+        for r in replayed(scale).values():
             if r.tpot_s is not None:
                 tpots.append(r.tpot_s)
             if r.ttft_s is not None:
@@ -304,11 +336,22 @@ def tune(
             high = mid
     scale = math.sqrt(low * high)
     ttft = simulated(scale)[1]
+    api_s = ttft_p50_s - ttft  # the API's time under load, calibration.request_s
+    noise: list[tuple[float, float]] = []
+    if measured is not None:
+        results = replayed(scale)
+        for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
+            r = results.get(id(req))
+            if r is not None and r.ttft_s is not None and r.e2e_s is not None:
+                noise.append((ttft_s - r.ttft_s - api_s, e2e_s - r.e2e_s - api_s))
+        step = max(1, math.ceil(len(noise) / NOISE_SAMPLES))
+        noise = noise[::step]
     return calibration.model_copy(
         update={
             "load_scale": scale,
-            "load_api_s": ttft_p50_s - ttft - calibration.api_s,
+            "load_api_s": api_s - calibration.api_s,
             "tuned_rate": rate,
+            "noise": noise,
         }
     )
 

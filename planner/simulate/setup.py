@@ -218,4 +218,5 @@ def calibrated_scenario(
         residuals=(calibration.residual_low, calibration.residual_high),
         calibrated_prompt=calibration.max_prompt,
         calibrated_batch=calibration.max_batch,
+        noise=tuple(calibration.noise),
     )

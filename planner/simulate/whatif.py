@@ -193,6 +193,9 @@ class Scenario:
     # fitted on; None for a roofline, which has no range.
     calibrated_prompt: int | None = None
     calibrated_batch: int | None = None
+    # A calibration's host noise: (TTFT, E2E) residuals in seconds, one drawn and added to
+    # each request (seeded, as the traffic is).
+    noise: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -253,6 +256,27 @@ class _Class:
     met: int = 0
 
 
+class _NoiseDraws:
+    """Residuals drawn with replacement, a block of draws at a time (a bootstrap of what the
+    calibration's run showed and the scheduler did not)."""
+
+    def __init__(self, noise: Sequence[tuple[float, float]], seed: int) -> None:
+        self.table = np.asarray(noise, dtype=float).reshape(-1, 2)
+        self.rng = np.random.default_rng([seed, 3])
+        self.block: list[list[float]] = []
+
+    def add(self, ttft: float, e2e: float) -> tuple[float, float]:
+        """A request's TTFT and E2E with a residual added (never below 0, nor E2E below
+        TTFT); unchanged without noise."""
+        if not len(self.table):
+            return ttft, e2e
+        if not self.block:
+            self.block = self.table[self.rng.integers(len(self.table), size=1024)].tolist()[::-1]
+        dt, de = self.block.pop()
+        ttft = max(ttft + dt, 0.0)
+        return ttft, max(e2e + de, ttft)
+
+
 def capacity_rps(scenario: Scenario) -> float:
     """Requests per second the engine completes when all of the scenario's requests come at
     once (every slot full, the queue never empty): the rate the utilisation is measured
@@ -301,6 +325,7 @@ def predict(
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
     )
+    noise = _NoiseDraws(scenario.noise, seed)
     for r in results:
         c = classes.setdefault(r.request.cls, _Class())
         for into in (c, every):
@@ -310,7 +335,7 @@ def predict(
             refused += 1
             continue
         assert r.ttft_s is not None and r.e2e_s is not None and r.queue_s is not None
-        ttft, e2e = r.ttft_s + scenario.api_s, r.e2e_s + scenario.api_s
+        ttft, e2e = noise.add(r.ttft_s + scenario.api_s, r.e2e_s + scenario.api_s)
         end = max(end, r.request.arrival_s + e2e)
         tokens += r.request.output_tokens
         met = slo is not None and slo.met(ttft, r.tpot_s)

@@ -43,7 +43,13 @@ from storage.queries.hosts import (
     remove_allowed_host,
 )
 from storage.queries.leases import LeaseRow, acquire_lease, get_lease, release_lease, renew_lease
-from storage.queries.records import add_latency_columns, replayable, run_records, target_records
+from storage.queries.records import (
+    add_latency_columns,
+    replayable,
+    replayed_latencies,
+    run_records,
+    target_records,
+)
 from storage.queries.runs import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -135,6 +141,7 @@ __all__ = [
     "remove_target",
     "renew_lease",
     "replayable",
+    "replayed_latencies",
     "request_run",
     "resolve_alert",
     "restore_rules",

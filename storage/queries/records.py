@@ -76,11 +76,17 @@ def target_records(store: Engine, target_id: int, start: float, end: float) -> p
     return add_latency_columns(frame)
 
 
-def replayable(store: Engine, run_id: int) -> list[tuple[float, int, int, str | None]]:
-    """A run's answered requests as (send time, prompt tokens, output tokens, component of a
-    mixed profile or None): what a simulator needs to replay them."""
+def _answered(store: Engine, run_id: int) -> pd.DataFrame:
+    """A run's answered requests, by send time (ties in the order they were sent)."""
     frame = run_records(store, run_id)
     frame = frame[(frame["status"] == "ok") & frame["prompt_tokens"].notna()]
+    return frame.sort_values("scheduled_ts", kind="stable")
+
+
+def replayable(store: Engine, run_id: int) -> list[tuple[float, int, int, str | None]]:
+    """A run's answered requests as (send time, prompt tokens, output tokens, component of a
+    mixed profile or None), by send time: what a simulator needs to replay them."""
+    frame = _answered(store, run_id)
     return [
         (float(t), int(p), int(o), (tags or {}).get("component"))
         for t, p, o, tags in zip(
@@ -91,3 +97,9 @@ def replayable(store: Engine, run_id: int) -> list[tuple[float, int, int, str | 
             strict=True,
         )
     ]
+
+
+def replayed_latencies(store: Engine, run_id: int) -> list[tuple[float, float]]:
+    """The measured (TTFT, E2E) in seconds of the requests `replayable` lists, in its order."""
+    frame = _answered(store, run_id)
+    return [(float(a), float(b)) for a, b in zip(frame["ttft_s"], frame["e2e_s"], strict=True)]

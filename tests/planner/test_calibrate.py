@@ -156,6 +156,46 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
 
 
+def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() -> None:
+    """An engine that stalls one request in twenty by 300 ms: the tuned calibration keeps
+    the stalls, and a prediction with them has the engine's p99 where one without has none."""
+    quiet = fit(*samples(), CONFIG)
+    rate = load_rate(quiet)
+    scenario = Scenario(CONFIG, TRUE, FixedProfile(prompt_tokens=256, output_tokens=64), 240)
+    requests = list(traffic(scenario.profile, Arrival(rate=rate), 240, seed=4))
+    results = {id(r.request): r for r in simulate(requests, CONFIG, TRUE)}
+    stall = [0.3 if i % 20 == 7 else 0.0 for i in range(len(requests))]
+    measured = [
+        (results[id(q)].ttft_s + API_S + s, results[id(q)].e2e_s + API_S + s)  # type: ignore[operator]
+        for q, s in zip(requests, stall, strict=True)
+    ]
+    ttfts = sorted(t for t, _ in measured)
+    tpot = float(np.median([r.tpot_s for r in results.values() if r.tpot_s is not None]))
+    tuned = tune(quiet, requests, rate, tpot, ttfts[len(ttfts) // 2], measured)
+    # More requests than NOISE_SAMPLES are taken evenly: every third of 600.
+    many = list(traffic(scenario.profile, Arrival(rate=rate), 600, seed=5))
+    sim = list(simulate(many, CONFIG, TRUE))
+    exact = {id(r.request): (r.ttft_s + API_S, r.e2e_s + API_S) for r in sim}  # type: ignore[operator]
+    assert len(tune(quiet, many, rate, tpot, ttfts[120], [exact[id(q)] for q in many]).noise) == 200
+    residual = np.array([t for t, _ in tuned.noise])
+    assert len(tuned.noise) == len(requests)
+    assert np.median(residual) == pytest.approx(0.0, abs=0.003)
+    assert (residual > 0.25).mean() == pytest.approx(1 / 20, abs=0.01)
+    assert "host noise from its 240 requests" in tuned.describe()
+    # Predicted on fresh traffic: the stalls reach p99 (and E2E with them), not p50.
+    noisy = calibrated_scenario(
+        tuned, parse_settings(["num_requests=400", "prompt_tokens=256", "output_tokens=64"])
+    )
+    bare = replace(noisy, noise=())
+    with_noise, without = predict(noisy, rate, seed=1), predict(bare, rate, seed=1)
+    assert without.ttft_s.p99 < 0.1 < with_noise.ttft_s.p99  # type: ignore[operator]
+    assert with_noise.ttft_s.p50 == pytest.approx(without.ttft_s.p50, rel=0.1)
+    assert with_noise.e2e_s.p99 > without.e2e_s.p99 + 0.2  # type: ignore[operator]
+    assert predict(noisy, rate, seed=1) == with_noise  # seeded
+    with pytest.raises(InvalidInput, match="3 measured latencies for 240"):
+        tune(quiet, requests, rate, tpot, ttfts[120], measured[:3])
+
+
 def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:
     decodes, prefills = samples()
     sweep = {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}

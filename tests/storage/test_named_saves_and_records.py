@@ -80,3 +80,33 @@ def test_run_and_target_records_agree_on_latencies(store: Engine) -> None:
         pd.testing.assert_series_equal(by_run[col], by_target[col])
     assert by_run["ttft_s"].tolist() == pytest.approx([0.2, 0.4])
     assert by_run["tpot_s"].iloc[0] == pytest.approx(0.1)
+
+
+def test_replayed_requests_and_their_latencies_line_up(store: Engine) -> None:
+    """A replay (by send time) and the measured latencies it is tuned against are the same
+    requests in the same order; unanswered ones are in neither."""
+    tid = q.add_target(store, q.parse_target({"name": "t", "base_url": "http://h"})).id
+    run = q.request_run(store, "latency", {}, target_id=tid)
+    # (send time, TTFT, E2E, status), in the order sent
+    sent = [(3.0, 0.5, 2.0, "ok"), (1.0, 0.1, 1.0, "ok"), (2.0, 0.2, 1.5, "error")]
+    sent.append((1.0, 0.3, 1.2, "ok"))
+    with transaction(store) as s:
+        for seq, (at, ttft, e2e, status) in enumerate(sent):
+            s.add(
+                RequestRecord(
+                    run_id=run.id,
+                    seq=seq,
+                    scheduled_ts=at,
+                    sent_ts=at,
+                    first_token_ts=at + ttft,
+                    end_ts=at + e2e,
+                    prompt_tokens=10 + seq,
+                    output_tokens=4,
+                    status=status,
+                )
+            )
+    rows = q.replayable(store, run.id)
+    assert [(t, p) for t, p, _, _ in rows] == [(1.0, 11), (1.0, 13), (3.0, 10)]
+    latencies = q.replayed_latencies(store, run.id)
+    flat = [x for pair in latencies for x in pair]
+    assert len(latencies) == 3 and flat == pytest.approx([0.1, 1.0, 0.3, 1.2, 0.5, 2.0])
