@@ -51,6 +51,7 @@ BASELINE_FACTOR = 2.0
 
 KV_FULL = 0.9  # KV usage at which vLLM is about to run out of blocks
 WAITING_MIN = 0.5  # mean waiting requests over the window that count as a queue
+ERRORS_BAR_SHARE = 0.05  # the share of failed requests at which errors reach the bar
 PROMPT_SPREAD = 4.0  # prompt-length p99 over p50 that says long prompts are in the mix
 # ITL p99 over p50 at which tokens stall behind something (a quiet CPU engine shows 4).
 ITL_SPIKE = 8.0
@@ -157,6 +158,13 @@ def _clamp(x: float) -> float:
     return max(0.0, min(1.0, x))
 
 
+def _serving_a_queue(s: Signals) -> bool:
+    """The engine finished requests without failures while holding a queue: it was up, and
+    busy enough that its metrics endpoint may be slow to answer."""
+    queued = s.waiting_mean is not None and s.waiting_mean >= WAITING_MIN
+    return queued and s.finished > 0 and s.failed / s.finished < ERRORS_BAR_SHARE
+
+
 def _down(s: Signals) -> Score:
     ev = []
     score = 0.0
@@ -164,6 +172,14 @@ def _down(s: Signals) -> Score:
         # A tenth of the window unanswered is at the bar.
         score = _clamp((1.0 - s.up_share) * 5.0)
         ev.append(Evidence("up", s.up_share, "share of the window the target answered scrapes"))
+        if _serving_a_queue(s):
+            # Scrapes that timed out while requests kept finishing say the endpoint was
+            # slow under load, not gone (seen beside a CPU hog: a fifth of the scrapes of a
+            # saturated CPU engine unanswered, every request served): they count half.
+            score /= 2
+            ev.append(
+                Evidence("finished", s.finished, "requests finished, none failed, a queue held")
+            )
     if s.restarts:
         score = 1.0
         ev.append(Evidence("engine restarts", s.restarts, "the engine crashed or restarted"))
@@ -177,7 +193,7 @@ def _errors(s: Signals) -> Score:
     share = s.failed / total
     return Score(
         Cause.ERRORS,
-        _clamp(share * 10.0),  # 5% failed is at the bar
+        _clamp(share * 0.5 / ERRORS_BAR_SHARE),  # at the bar from ERRORS_BAR_SHARE
         (
             Evidence("requests failed", s.failed, "finished aborted or with an error"),
             Evidence("failed share", share, f"of {total:.0f} requests finished"),

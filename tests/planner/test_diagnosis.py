@@ -48,3 +48,18 @@ def test_no_room_for_the_next_prompt_is_kv_pressure_without_a_full_cache() -> No
     assert (v.cause, v.runner_up) == (Cause.KV_PRESSURE, Cause.QUEUEING)
     roomy = _with(kv_max=0.79, prompt_mean=70, waiting_mean=4, queue_mean_s=9.8, ttft_mean_s=10.5)
     assert judge(roomy).cause is Cause.QUEUEING
+
+
+def test_unanswered_scrapes_of_an_engine_serving_its_queue_are_not_down() -> None:
+    """A saturated engine beside a CPU hog left a fifth of its scrapes unanswered while it
+    served every request (the end-to-end queueing scenario once read "down"): the queue is
+    the cause, the scrapes the runner-up. Gone, or failing its requests, it is down."""
+    busy = _with(up_share=0.8, finished=144, waiting_mean=30, queue_mean_s=3.5, ttft_mean_s=3.56)
+    v = judge(busy)
+    assert (v.cause, v.runner_up) == (Cause.QUEUEING, Cause.DOWN)
+    assert v.runner_up_score == 0.5
+    assert judge(_with(up_share=0.8, finished=0, waiting_mean=30)).cause is Cause.DOWN
+    failing = _with(up_share=0.8, finished=144, failed=20, waiting_mean=30, queue_mean_s=3.5,
+                    ttft_mean_s=3.56)  # fmt: skip
+    assert judge(failing).cause is Cause.DOWN
+    assert judge(_with(up_share=0.8, finished=144)).cause is Cause.DOWN  # no queue: gone a while
