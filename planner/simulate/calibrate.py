@@ -316,9 +316,9 @@ def tune(
         cost = calibration.model_copy(update={"load_scale": scale}).cost()
         return {id(r.request): r for r in simulate(requests, config, cost) if not r.refused}
 
-    def simulated(scale: float) -> tuple[float, float]:
+    def medians(results: dict[int, RequestResult]) -> tuple[float, float]:
         tpots, ttfts = [], []
-        for r in replayed(scale).values():
+        for r in results.values():
             if r.tpot_s is not None:
                 tpots.append(r.tpot_s)
             if r.ttft_s is not None:
@@ -330,16 +330,15 @@ def tune(
     low, high = 0.25, 8.0
     for _ in range(40):  # bisection on log scale: TPOT grows with the step cost
         mid = math.sqrt(low * high)
-        if simulated(mid)[0] < tpot_p50_s:
+        if medians(replayed(mid))[0] < tpot_p50_s:
             low = mid
         else:
             high = mid
     scale = math.sqrt(low * high)
-    ttft = simulated(scale)[1]
-    api_s = ttft_p50_s - ttft  # the API's time under load, calibration.request_s
+    results = replayed(scale)
+    api_s = ttft_p50_s - medians(results)[1]  # the API's time under load: request_s
     noise: list[tuple[float, float]] = []
     if measured is not None:
-        results = replayed(scale)
         for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
             r = results.get(id(req))
             if r is not None and r.ttft_s is not None and r.e2e_s is not None:

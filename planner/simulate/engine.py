@@ -521,8 +521,9 @@ class _Engine:
                 if w.req.prefix is not None:
                     self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
                     shares = w.req.shares_tokens
-            self.take(_blocks_for(cached + chunk, bs) - hit)
-            run.add(w, self.now, _blocks_for(cached + chunk, bs) - hit, hit, cached, shares)
+            need = _blocks_for(cached + chunk, bs) - hit
+            self.take(need)
+            run.add(w, self.now, need, hit, cached, shares)
             admitted.append((run.n - 1, chunk))
             budget -= chunk
         return admitted
