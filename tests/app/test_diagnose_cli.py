@@ -11,14 +11,13 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from tests.app.test_cli_errors import needs_script, run
+from tests.app.test_cli_errors import run
 from tests.storage.test_diagnosis import _requests, _target, _write, queueing
 from tests.support.fake_vllm import FakeVllm, serve
 
 KEYS = {"cause", "evidence", "runner_up", "window_s"}
 
 
-@needs_script
 def test_a_stored_target_window_by_window(store: Engine, tmp_path: Path) -> None:
     tid = _target(store)
     now = time.time()
@@ -33,7 +32,6 @@ def test_a_stored_target_window_by_window(store: Engine, tmp_path: Path) -> None
     assert text.stdout.startswith("t: queueing (requests waited in the queue")
 
 
-@needs_script
 def test_a_bare_url_is_watched_for_its_window_and_judged(tmp_path: Path) -> None:
     fake, stop = FakeVllm(), threading.Event()
     rng = random.Random(0)
@@ -58,7 +56,6 @@ def test_a_bare_url_is_watched_for_its_window_and_judged(tmp_path: Path) -> None
     assert 6 <= found["window_s"] < 9 and len(found["windows"]) == 1
 
 
-@needs_script
 def test_an_unreachable_url_is_an_error_not_a_verdict(tmp_path: Path) -> None:
     t0 = time.monotonic()
     res = run("diagnose", "http://127.0.0.1:1", "--window", "60s", "--json", data_dir=tmp_path)
@@ -67,7 +64,6 @@ def test_an_unreachable_url_is_an_error_not_a_verdict(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30  # refused at once, not after the 60 s window
 
 
-@needs_script
 def test_bad_input_is_named(tmp_path: Path) -> None:
     res = run("diagnose", "nosuch", data_dir=tmp_path)
     assert res.returncode == 2 and "nosuch" in res.stderr
