@@ -30,6 +30,9 @@ from planner.errors import InvalidInput, UnknownChoice, validation_message
 
 M = TypeVar("M", bound=BaseModel)
 
+# Lengths drawn at once by profiles that can (a draw ahead costs nothing).
+_DRAWS_AHEAD = 256
+
 # Prompt-length bands for runs without named classes: head-of-line blocking shows as the
 # short band's TTFT rising while long prompts are in the mix.
 PROMPT_BANDS: tuple[tuple[int, str], ...] = (
@@ -181,6 +184,11 @@ class LengthDist(_Model):
         x = self.median * float(np.exp(self.sigma * rng.standard_normal()))
         return int(min(max(round(x), self.min), self.max))
 
+    def lengths(self, z: np.ndarray) -> list[int]:
+        """`draw` for many standard normal draws `z` at once (the same lengths)."""
+        x = self.median * np.exp(self.sigma * z)
+        return np.clip(np.rint(x), self.min, self.max).astype(np.int64).tolist()  # type: ignore[no-any-return]
+
 
 @dataclass(frozen=True)
 class RequestShape:
@@ -231,9 +239,14 @@ class LognormalProfile(_Profile):
     output: LengthDist
 
     def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        # A block of draws at a time (the simulator takes 100,000): row-major, so the prompt
+        # and answer of each request are the same draws as one pair at a time.
         while True:
-            p, o = self.prompt.draw(rng), self.output.draw(rng)
-            yield RequestShape(p, o, tags={"profile": self.kind})
+            z = rng.standard_normal((_DRAWS_AHEAD, 2))
+            for p, o in zip(
+                self.prompt.lengths(z[:, 0]), self.output.lengths(z[:, 1]), strict=True
+            ):
+                yield RequestShape(p, o, tags={"profile": self.kind})
 
 
 class EmpiricalProfile(_Profile):

@@ -183,9 +183,34 @@ class EngineStats:
 GapSink = Callable[[np.ndarray, float], None]
 
 
-# The reductions without ndarray methods' Python wrappers (most arrays here are short).
-_sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
-_any, _all = np.logical_or.reduce, np.logical_and.reduce
+# Reductions to Python numbers. Most arrays here are a few running requests long, and
+# below _SHORT elements a list and the builtins take a fifth of numpy's reduction call.
+_SHORT = 32
+_add, _minimum, _maximum = np.add.reduce, np.minimum.reduce, np.maximum.reduce
+
+
+def _isum(a: np.ndarray) -> int:
+    return sum(a.tolist()) if a.size <= _SHORT else int(_add(a))
+
+
+def _fsum(a: np.ndarray) -> float:
+    return math.fsum(a.tolist()) if a.size <= _SHORT else float(_add(a))
+
+
+def _imin(a: np.ndarray) -> int:
+    return min(a.tolist()) if a.size <= _SHORT else int(_minimum(a))
+
+
+def _fmax(a: np.ndarray) -> float:
+    return max(a.tolist()) if a.size <= _SHORT else float(_maximum(a))
+
+
+def _any(a: np.ndarray) -> bool:
+    return any(a.tolist()) if a.size <= _SHORT else bool(np.logical_or.reduce(a))
+
+
+def _all(a: np.ndarray) -> bool:
+    return all(a.tolist()) if a.size <= _SHORT else bool(np.logical_and.reduce(a))
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
@@ -469,7 +494,7 @@ class _Engine:
             preempted = self.allocate(got)
         # As vLLM V1: no new admissions in a step that had to preempt.
         if not preempted:
-            for i, chunk in self.admit(config.max_num_batched_tokens - int(_sum(got[: run.n]))):
+            for i, _, chunk, _ in self.admit(config.max_num_batched_tokens - _isum(got[: run.n])):
                 got[i] = chunk
         n = run.n
         got = got[:n]
@@ -477,10 +502,10 @@ class _Engine:
         if not _any(scheduled):
             return False
         computed = run.computed[:n]
-        tokens = int(_sum(got))
-        kv_tokens = int(_sum((computed + got)[scheduled]))
-        pairs = int(_sum(got * computed + got * (got + 1) // 2))
-        step = self.cost.step_s(tokens, kv_tokens, int(_sum(scheduled)), pairs)
+        tokens = _isum(got)
+        kv_tokens = _isum((computed + got)[scheduled])
+        pairs = _isum(got * computed + got * (got + 1) // 2)
+        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs)
         self.now += step
         stats.steps += 1
         stats.busy_s += step
@@ -497,17 +522,18 @@ class _Engine:
             self.on_gaps(gaps, 1.0)
         run.last_s[:n][emit] = self.now
         self.publish()
-        stats.max_batch = max(stats.max_batch, int(_sum(scheduled)))
+        stats.max_batch = max(stats.max_batch, _isum(scheduled))
         # Every request emitted: all are decoding, and their last token came just now.
-        self.decoding = bool(_all(emit))
+        self.decoding = _all(emit)
         return True
 
-    def admit(self, budget: int) -> list[tuple[int, int]]:
+    def admit(self, budget: int) -> list[tuple[int, _Waiting, int, int]]:
         """Admit waiting requests in order while the budget, the sequence limit and the
-        blocks allow; each one's row and the tokens it computes this step."""
+        blocks allow; each one's row, its state as it waited, the tokens it computes this
+        step and those it found cached."""
         config, run, stats = self.config, self.running, self.stats
         bs = config.block_size
-        admitted: list[tuple[int, int]] = []
+        admitted: list[tuple[int, _Waiting, int, int]] = []
         while self.waiting and run.n < config.max_num_seqs:
             chunk, hit = self.first_chunk(self.waiting[0], budget)
             if not chunk:
@@ -524,7 +550,7 @@ class _Engine:
             need = _blocks_for(cached + chunk, bs) - hit
             self.take(need)
             run.add(w, self.now, need, hit, cached, shares)
-            admitted.append((run.n - 1, chunk))
+            admitted.append((run.n - 1, w, chunk, cached))
             budget -= chunk
         return admitted
 
@@ -535,8 +561,8 @@ class _Engine:
         one token and emits it."""
         config, run, stats = self.config, self.running, self.stats
         n0 = run.n
-        need = self._blocks_needed(1)
-        total = int(_sum(need))
+        need = run.computed[:n0] % config.block_size == 0  # (_blocks_needed(1), cheaper)
+        total = _isum(need)
         if total > self.free and self.cache is not None:
             self.free += self.cache.evict(total - self.free)
         if total > self.free:
@@ -544,13 +570,12 @@ class _Engine:
         self.free -= total
         run.blocks[:n0] += need
         computed = run.computed[:n0]
-        context = int(_sum(computed))
+        context = _isum(computed)
         admitted = self.admit(config.max_num_batched_tokens - n0)
         # A decode attends over its context and itself; a prompt chunk over what it found
         # cached and itself.
         tokens, kv_tokens, pairs = n0, context + n0, context + n0
-        for i, chunk in admitted:
-            cached = int(run.computed[i])
+        for _, _, chunk, cached in admitted:
             tokens += chunk
             kv_tokens += cached + chunk
             pairs += pairs_of(chunk, cached)
@@ -566,18 +591,18 @@ class _Engine:
         np.maximum(itl, gaps, out=itl)
         last[:] = now
         decoding = True
-        for i, chunk in admitted:
-            run.computed[i] += chunk
-            if run.computed[i] < run.prompt[i] + run.generated[i]:
+        for i, w, chunk, cached in admitted:  # (w's values are the row's as admitted)
+            run.computed[i] = cached + chunk
+            if cached + chunk < w.tokens:
                 decoding = False  # a chunk of a longer prompt: no token yet
                 continue
-            run.generated[i] += 1
-            if math.isnan(run.first_s[i]):
+            run.generated[i] = w.generated + 1
+            if math.isnan(w.first_s):
                 run.first_s[i] = now
-            elif not math.isnan(run.last_s[i]):  # readmitted after a preemption
-                gap = now - run.last_s[i]
+            elif not math.isnan(w.last_s):  # readmitted after a preemption
+                gap = now - w.last_s
                 gaps = np.append(gaps, gap)
-                run.itl_max_s[i] = max(run.itl_max_s[i], gap)
+                run.itl_max_s[i] = max(w.itl_max_s, gap)
             run.last_s[i] = now
         if self.on_gaps is not None and gaps.size:
             self.on_gaps(gaps, 1.0)
@@ -596,7 +621,7 @@ class _Engine:
             n = run.n
             held = run.base[:n] + run.blocks[:n]
             need = np.maximum(-(-(run.computed[:n] + got[:n]) // bs) - held, 0)
-            total = int(_sum(need))
+            total = _isum(need)
             if total > self.free and self.cache is not None:
                 self.free += self.cache.evict(total - self.free)
             if total <= self.free:
@@ -630,10 +655,10 @@ class _Engine:
                 return False
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
-        k = left = int(_min(run.output[:n] - run.generated[:n]))
+        k = left = _imin(run.output[:n] - run.generated[:n])
         if k < 2:
             return False
-        steps = self.cost.decode_steps_s(n, int(_sum(run.computed[:n])), k)
+        steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
         # Sequential sums, so that the times are exactly those of step-by-step runs.
         first = float(steps[0])
         steps[0] += self.now
@@ -643,13 +668,13 @@ class _Engine:
             k = min(k, int(times.searchsorted(arrival, side="left")) + 1)
         # (A step's time does not depend on how many follow: the first k of these are the
         # stretch's, whatever its length.)
-        k, need = self._span(k)
+        k, need, total = self._span(k)
         if k < 2:
             return False
         self.maybe_done = k == left
         steps[0] = first
         stats = self.stats
-        stats.busy_s += float(_sum(steps[:k]))
+        stats.busy_s += _fsum(steps[:k])
         stats.steps += k
         stats.stretches += 1
         # Every request emitted at the last step's end, so the gaps are the step times.
@@ -658,25 +683,27 @@ class _Engine:
         gaps[0] -= self.now
         self.now = float(times[k - 1])
         itl = run.itl_max_s[:n]
-        np.maximum(itl, float(_max(gaps)), out=itl)
+        np.maximum(itl, _fmax(gaps), out=itl)
         if self.on_gaps is not None:
             self.on_gaps(gaps, float(n))
         stats.max_batch = max(stats.max_batch, n)
         run.last_s[:n] = self.now
         run.blocks[:n] += need
         run.progress[:, :n] += k  # generated and computed
-        self.free -= int(_sum(need))
+        self.free -= total
         self.publish()
         return True
 
     def _blocks_needed(self, k: int) -> np.ndarray:
-        """Blocks each running request needs to decode `k` more tokens."""
-        run, bs = self.running, self.config.block_size
-        n = run.n
-        need: np.ndarray = (run.computed[:n] + (k + bs - 1)) // bs
-        need -= run.base[:n]
-        need -= run.blocks[:n]
-        np.maximum(need, 0, out=need)
+        """Blocks each running request needs to decode `k` more tokens. Between steps a
+        request holds (alone or through the cache) the blocks of what it computed, no more,
+        so this is how many block boundaries its next `k` tokens cross: with c computed
+        (at least one), ((c - 1) % block_size + k) // block_size."""
+        bs = self.config.block_size
+        need: np.ndarray = self.running.computed[: self.running.n] - 1
+        need %= bs
+        need += k
+        need //= bs
         return need
 
     def publish(self) -> None:
@@ -695,19 +722,22 @@ class _Engine:
             run.base[i] += moved
             run.published[i] = ready[i]
 
-    def _span(self, limit: int) -> tuple[int, np.ndarray]:
-        """Most decode steps (up to `limit`) whose blocks are free, and those blocks."""
+    def _span(self, limit: int) -> tuple[int, np.ndarray, int]:
+        """Most decode steps (up to `limit`) whose blocks are free, those blocks, and how
+        many in all."""
         need = self._blocks_needed(limit)
-        if int(_sum(need)) <= self.free:
-            return limit, need
+        total = _isum(need)
+        if total <= self.free:
+            return limit, need, total
         lo, hi = 0, limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if int(_sum(self._blocks_needed(mid))) <= self.free:
+            if _isum(self._blocks_needed(mid)) <= self.free:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo, self._blocks_needed(lo)
+        need = self._blocks_needed(lo)
+        return lo, need, _isum(need)
 
     def end_of_step(self) -> Iterator[RequestResult]:
         """Hand over the requests the step finished, free their blocks, sample."""
@@ -720,7 +750,7 @@ class _Engine:
                 key = run.reqs[i].prefix
                 if self.cache is not None and key is not None:
                     self.cache.unpin(key)
-            self.free += int(_sum(run.blocks[:n][done]))
+            self.free += _isum(run.blocks[:n][done])
             run.drop(rows)
         if self.sample_every_s is not None and self.now >= self.next_sample:
             # As vLLM's KV usage: cached blocks nobody runs with count as free.

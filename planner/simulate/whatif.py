@@ -18,7 +18,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InvalidInput
-from planner.simulate.engine import EngineConfig, EngineStats, SimRequest, StepCost, simulate
+from planner.simulate.engine import (
+    EngineConfig,
+    EngineStats,
+    RequestResult,
+    SimRequest,
+    StepCost,
+    simulate,
+)
 from planner.workload import Arrival, Profile, RequestShape, shape_class
 
 # Past this utilisation (the rate over the most the engine completes with every slot full),
@@ -129,9 +136,6 @@ class SloBounds(_Out):
     ttft_s: float
     tpot_s: float
     share: float = 0.99
-
-    def met(self, ttft: float | None, tpot: float | None) -> bool:
-        return ttft is not None and ttft <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
 
 
 class ClassPrediction(_Out):
@@ -255,26 +259,67 @@ class _Class:
     requests: int = 0
     met: int = 0
 
+    def add(self, ttft: np.ndarray, e2e: np.ndarray, queue: np.ndarray, tpot: np.ndarray,
+            met: int) -> None:  # fmt: skip
+        self.ttft.add_many(ttft)
+        self.e2e.add_many(e2e)
+        self.queue.add_many(queue)
+        self.tpot.add_many(tpot[~np.isnan(tpot)])
+        self.requests += len(ttft)
+        self.met += met
 
-class _NoiseDraws:
-    """Residuals drawn with replacement, a block of draws at a time (a bootstrap of what the
-    calibration's run showed and the scheduler did not)."""
 
-    def __init__(self, noise: Sequence[tuple[float, float]], seed: int) -> None:
-        self.table = np.asarray(noise, dtype=float).reshape(-1, 2)
+class _Tally:
+    """The answered requests' figures, per class and in all, taken in blocks: a request
+    costs one row, and the host noise, the SLO and the sketches work on a block at once."""
+
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        self.api_s, self.slo = scenario.api_s, scenario.slo
+        self.noise = np.asarray(scenario.noise, dtype=float).reshape(-1, 2)
         self.rng = np.random.default_rng([seed, 3])
-        self.block: list[list[float]] = []
+        self.classes: dict[str, _Class] = {}
+        self.every = _Class()
+        self.names: list[str] = []
+        # (TTFT, E2E, queue, TPOT or NaN, arrival) of each request not yet binned
+        self.rows: list[tuple[float, float, float, float, float]] = []
+        self.end = 0.0  # the last answer, from the start
 
-    def add(self, ttft: float, e2e: float) -> tuple[float, float]:
-        """A request's TTFT and E2E with a residual added (never below 0, nor E2E below
-        TTFT); unchanged without noise."""
-        if not len(self.table):
-            return ttft, e2e
-        if not self.block:
-            self.block = self.table[self.rng.integers(len(self.table), size=1024)].tolist()[::-1]
-        dt, de = self.block.pop()
-        ttft = max(ttft + dt, 0.0)
-        return ttft, max(e2e + de, ttft)
+    def add(self, r: RequestResult) -> None:
+        assert r.ttft_s is not None and r.e2e_s is not None and r.queue_s is not None
+        tpot = math.nan if r.tpot_s is None else r.tpot_s
+        self.rows.append((r.ttft_s, r.e2e_s, r.queue_s, tpot, r.request.arrival_s))
+        self.names.append(r.request.cls)
+        if len(self.rows) >= _FLUSH:
+            self.flush()
+
+    def refused(self, cls: str) -> None:
+        self.classes.setdefault(cls, _Class()).requests += 1
+        self.every.requests += 1
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        ttft, e2e, queue, tpot, arrival = np.asarray(self.rows).T
+        ttft = ttft + self.api_s
+        e2e = e2e + self.api_s
+        if len(self.noise):
+            # A residual drawn with replacement for each request (a bootstrap of what the
+            # calibration's run showed and the scheduler did not): never below 0, nor E2E
+            # below TTFT.
+            dt, de = self.noise[self.rng.integers(len(self.noise), size=len(ttft))].T
+            ttft = np.maximum(ttft + dt, 0.0)
+            e2e = np.maximum(e2e + de, ttft)
+        self.end = max(self.end, float((arrival + e2e).max()))
+        met = np.zeros(len(ttft), dtype=bool)
+        if self.slo is not None:
+            met = (ttft <= self.slo.ttft_s) & ~(tpot > self.slo.tpot_s)  # (NaN: no TPOT)
+        names = np.asarray(self.names)
+        for name in dict.fromkeys(self.names):
+            rows = names == name
+            c = self.classes.setdefault(name, _Class())
+            c.add(ttft[rows], e2e[rows], queue[rows], tpot[rows], int(met[rows].sum()))
+        self.every.add(ttft, e2e, queue, tpot, int(met.sum()))
+        self.rows, self.names = [], []
 
 
 def capacity_rps(scenario: Scenario) -> float:
@@ -311,12 +356,10 @@ def predict(
     expected_s = (requests[-1].arrival_s if requests else n / rate) or 1.0
     stats = EngineStats()
     itl = Sketch()
-    classes: dict[str, _Class] = {}
-    every = _Class()
+    tally = _Tally(scenario, seed)
     refused = tokens = 0
     longest_prompt = 0
     slo = scenario.slo
-    end = 0.0
     results = simulate(
         requests if requests is not None else traffic(scenario.profile, arrival, n, seed),
         scenario.config,
@@ -325,27 +368,16 @@ def predict(
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
     )
-    noise = _NoiseDraws(scenario.noise, seed)
     for r in results:
-        c = classes.setdefault(r.request.cls, _Class())
-        for into in (c, every):
-            into.requests += 1
         longest_prompt = max(longest_prompt, r.request.prompt_tokens)
         if r.refused:
             refused += 1
+            tally.refused(r.request.cls)
             continue
-        assert r.ttft_s is not None and r.e2e_s is not None and r.queue_s is not None
-        ttft, e2e = noise.add(r.ttft_s + scenario.api_s, r.e2e_s + scenario.api_s)
-        end = max(end, r.request.arrival_s + e2e)
         tokens += r.request.output_tokens
-        met = slo is not None and slo.met(ttft, r.tpot_s)
-        for into in (c, every):
-            into.ttft.add(ttft)
-            into.e2e.add(e2e)
-            into.queue.add(r.queue_s)
-            if r.tpot_s is not None:
-                into.tpot.add(r.tpot_s)
-            into.met += met
+        tally.add(r)
+    tally.flush()
+    classes, every, end = tally.classes, tally.every, tally.end
     duration = max(end, 1e-9)
     flags = _extrapolation(scenario, rate / capacity, longest_prompt, stats)
     blocks = scenario.config.num_blocks
