@@ -5,9 +5,11 @@ Each workload is measured once with a latency probe, then simulated twice: on th
 requests (the same send times and lengths: the comparison of the figures), and on five
 fresh draws of the same profile and rate (the seeds' 80 % interval on p99 TTFT, widened by
 the calibration's fit error: does it cover the measurement?). Prints one row per workload
-and figure, with the issue's targets and whether each is met.
+and figure, with the issue's targets and whether each is met. The two workloads at the knee
+run twice, and the second run is scored against the first as a prediction would be: how
+near the engine comes to itself on this machine.
 
-    .venv/bin/python -m benchmarks.simulator            # the fidelity table (~8 min)
+    .venv/bin/python -m benchmarks.simulator            # the fidelity table (~10 min)
     .venv/bin/python -m benchmarks.simulator --speed    # one core's time for 100,000 requests
 """
 
@@ -98,7 +100,7 @@ def _fmt(x: float | None, unit: float) -> str:
 
 HEADER = (
     "| workload | rate/s | figure | measured | predicted | error | target | met | "
-    "without host noise |\n"
+    "without the host's noise and speed |\n"
     "|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -113,13 +115,11 @@ def _figures(m: dict[str, Any], p: Any) -> list[tuple[str, str, float | None, fl
     ]
 
 
-def rows(
-    name: str, rate: float, m: dict[str, Any], p: Any, bare: Any, fresh: Any, tally: list[int]
-) -> None:
-    """Print one workload's rows (`bare`: the same prediction without the host's noise);
-    add (met, figures, covered) to `tally`."""
+def score(name: str, rate: str, m: dict[str, Any], p: Any, bare: Any, tally: list[int]) -> None:
+    """Print each figure of `p` against the measured `m` (and of `bare` beside it, if
+    given); add (met, figures) to `tally`."""
     for (label, key, meas, pred), (*_, plain) in zip(
-        _figures(m, p), _figures(m, bare), strict=True
+        _figures(m, p), _figures(m, bare if bare is not None else p), strict=True
     ):
         if key == "preempt" and not meas and not pred:
             continue
@@ -128,13 +128,25 @@ def rows(
         tally[0] += ok
         tally[1] += 1
         unit = 1 if key == "preempt" else 1000
+        beside = (
+            f"{_fmt(plain, unit)} ({'-' if err0 is None else f'{err0:+.0%}'})"
+            if bare is not None
+            else ""
+        )
         print(
-            f"| {name} | {rate:g} | {label} | {_fmt(meas, unit)} | {_fmt(pred, unit)} | "
+            f"| {name} | {rate} | {label} | {_fmt(meas, unit)} | {_fmt(pred, unit)} | "
             f"{'-' if err is None else f'{err:+.0%}'} | ±{TARGETS[key]:.0%} | "
-            f"{'yes' if ok else 'no'} | {_fmt(plain, unit)} "
-            f"({'-' if err0 is None else f'{err0:+.0%}'}) |",
+            f"{'yes' if ok else 'no'} | {beside} |",
             flush=True,
         )
+
+
+def rows(
+    name: str, rate: float, m: dict[str, Any], p: Any, bare: Any, fresh: Any, tally: list[int]
+) -> None:
+    """Print one workload's rows (`bare`: the same prediction without the host's noise and
+    speed); add (met, figures, covered) to `tally`."""
+    score(name, f"{rate:g}", m, p, bare, tally)
     band = fresh.ttft_p99
     measured = m["ttft_s"]["p99"]
     inside = band is not None and measured is not None and band.low <= measured <= band.high
@@ -154,8 +166,8 @@ def measure(
     workload: tuple[str, dict[str, Any], float, str, float, bool],
     duration_s: float,
     tally: list[int],
-) -> None:
-    """Run one workload on the engine, predict it, print its rows."""
+) -> dict[str, Any] | None:
+    """Run one workload on the engine, predict it, print its rows; the run's summary."""
     name, profile, share, arrival, cv, _ = workload
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
     scenario = Scenario(
@@ -169,6 +181,7 @@ def measure(
         api_s=cal.request_s,
         residuals=(cal.residual_low, cal.residual_high),
         noise=tuple(cal.noise),
+        speed=tuple(cal.speed),
     )
     rate = round(share * capacity_rps(scenario), 2)
     run = request(
@@ -177,12 +190,50 @@ def measure(
     )  # fmt: skip
     if run.status != "done":
         print(f"| {name} | {rate:g} | the run ended {run.status}: {run.error} |", flush=True)
-        return
+        return None
     traffic = replay(q.replayable(worker.store, run.id))
-    same = predict(scenario, rate, requests=traffic)
-    bare = predict(replace(scenario, noise=()), rate, requests=traffic)
+    # The host's noise and speed are drawn: the median of five draws on the run's requests.
+    same = _Summary(_medians([predict(scenario, rate, seed, requests=traffic) for seed in SEEDS]))
+    bare = predict(replace(scenario, noise=(), speed=()), rate, requests=traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]
     rows(name, rate, run.summary, same, bare, fresh, tally)
+    return run.summary
+
+
+def itself(name: str, first: dict[str, Any], again: dict[str, Any], tally: list[int]) -> None:
+    """The engine against itself: a workload's second run (the same requests, minutes
+    later) read as a prediction of its first, against the same targets."""
+    score(f"{name}, run again", "", first, _Summary(again), None, tally)
+
+
+SEEDS = range(5)
+
+
+def _medians(predictions: list[Any]) -> dict[str, Any]:
+    """Each figure's median over several predictions, as a latency run's summary."""
+    out: dict[str, Any] = {
+        key: {
+            q: statistics.median(getattr(getattr(p, key), q) for p in predictions)
+            for q in ("p50", "p99")
+        }
+        for key in ("ttft_s", "tpot_s", "e2e_s")
+    }
+    out["preemptions"] = statistics.median(p.preemptions for p in predictions)
+    return out
+
+
+class _Summary:
+    """A latency run's summary read as a prediction's figures (`_figures` reads both)."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            setattr(self, key, _Fig(summary[key]))
+        self.preemptions = summary.get("preemptions") or 0
+
+
+class _Fig:
+    def __init__(self, figures: dict[str, Any]) -> None:
+        self.p50, self.p99 = figures["p50"], figures["p99"]
 
 
 MEMORY_RATE = 10.0
@@ -190,7 +241,9 @@ MEMORY_RATE = 10.0
 
 def speed(requests: int, runs: int) -> None:
     """One core's time and peak memory for `requests` simulated requests (Llama-3.1-8B on an
-    H100, roofline; Poisson arrivals; prompts 64-2,048 and outputs 16-512 tokens, uniform)."""
+    H100, roofline; Poisson arrivals; prompts 64-2,048 and outputs 16-512 tokens,
+    lognormal): the engine alone, and a whole prediction as the page and the CLI make it
+    (traffic, engine, figures per class, ITL, timeline)."""
     plan = plan_capacity(
         PlanRequest(model=load_preset("llama-3.1-8b"), gpu=get_gpu("h100-sxm"), max_model_len=8192)
     )
@@ -200,30 +253,35 @@ def speed(requests: int, runs: int) -> None:
         {"kind": "lognormal", "prompt": {"median": 600, "sigma": 0.9, "min": 64, "max": 2048},
          "output": {"median": 120, "sigma": 0.8, "min": 16, "max": 512}}
     )  # fmt: skip
-    print("| rate/s | requests | CPU s (median) | peak MiB | steps | requests/s simulated |")
-    print("|---|---|---|---|---|---|")
+    print("| rate/s | requests | engine CPU s (median) | prediction CPU s (median) | peak MiB "
+          "| steps | requests/s predicted |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for rate in (5.0, 10.0, 20.0, 40.0):
         for n in (requests // 10, requests):
-            times = []
+            engine, whole = [], []
             stats = EngineStats()
+            scenario = Scenario(config=config, cost=cost, profile=profile, requests=n)
+            capacity = 100.0  # (only labels the utilisation; its own run is not timed)
             for _ in range(runs):
                 stats = EngineStats()
                 t0 = time.process_time()
                 for _ in simulate(traffic(profile, Arrival(rate=rate), n), config, cost, stats):
                     pass
-                times.append(time.process_time() - t0)
+                t1 = time.process_time()
+                predict(scenario, rate, capacity=capacity)
+                engine.append(t1 - t0)
+                whole.append(time.process_time() - t1)
             # Memory in a run of its own (tracing slows Python several times over), at one
             # rate: does the peak grow with the number of requests?
             peak = "-"
             if rate == MEMORY_RATE:
                 tracemalloc.start()
-                for _ in simulate(traffic(profile, Arrival(rate=rate), n), config, cost):
-                    pass
+                predict(scenario, rate, capacity=capacity)
                 peak = f"{tracemalloc.get_traced_memory()[1] / 2**20:.1f}"
                 tracemalloc.stop()
-            cpu = statistics.median(times)
-            print(f"| {rate:g} | {n:,} | {cpu:.2f} | {peak} | {stats.steps:,} | "
-                  f"{n / cpu:,.0f} |", flush=True)  # fmt: skip
+            cpu = statistics.median(whole)
+            print(f"| {rate:g} | {n:,} | {statistics.median(engine):.2f} | {cpu:.2f} | {peak} | "
+                  f"{stats.steps:,} | {n / cpu:,.0f} |", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -237,6 +295,7 @@ def main() -> None:
         return
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     tally = [0, 0, 0]
+    self_tally = [0, 0]
     started = time.time()
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         cal = calibrate(worker, request)
@@ -248,9 +307,17 @@ def main() -> None:
             flush=True,
         )
         print(HEADER, flush=True)
+        firsts: dict[str, dict[str, Any] | None] = {}
         for workload in WORKLOADS:
             if not workload[5]:
-                measure(worker, request, cal, workload, args.duration, tally)
+                firsts[workload[0]] = measure(worker, request, cal, workload, args.duration, tally)
+        # The engine against itself: the knee's two workloads again, the same requests.
+        for workload in WORKLOADS[:2]:
+            named = (f"{workload[0]} (again)", *workload[1:])
+            again = measure(worker, request, cal, named, args.duration, [0, 0, 0])
+            first = firsts[workload[0]]
+            if first is not None and again is not None:
+                itself(workload[0], first, again, self_tally)
     # The same engine with a KV cache small enough to preempt: its own start, the same fit.
     with injection.diag_worker(venv, ENGINE | SMALL_KV) as (worker, request):
         for workload in WORKLOADS:
@@ -260,7 +327,8 @@ def main() -> None:
     print(
         f"{tally[0]}/{tally[1]} figures within their targets; the 80% interval covered the "
         f"measured p99 TTFT in {tally[2]}/{len(WORKLOADS)} workloads (target 70-90%); "
-        f"{time.time() - started:.0f} s in all"
+        f"the engine run again met {self_tally[0]}/{self_tally[1]} of the same targets against "
+        f"its first run; {time.time() - started:.0f} s in all"
     )
 
 

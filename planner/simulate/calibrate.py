@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import (
+    SPEED_WINDOW_S,
     EngineConfig,
+    HostSpeed,
     RequestResult,
     SimRequest,
     StepCost,
@@ -135,6 +137,10 @@ class Calibration(BaseModel):
     # deterministic step cost has no stalls; a shared machine has them, and a prediction
     # adds one of these to each request.
     noise: list[tuple[float, float]] = Field(default_factory=list)
+    # The host's speed in that run, window by window (SPEED_WINDOW_S each): the measured
+    # TPOT median of the requests decoding in it over the tuned replay's, over their median.
+    # A prediction draws its windows from these.
+    speed: list[float] = Field(default_factory=list)
 
     def cost(self) -> StepCost:
         k = self.load_scale
@@ -169,6 +175,12 @@ class Calibration(BaseModel):
             tuned += (
                 f", host noise from its {len(self.noise)} requests (TTFT residual p50 "
                 f"{ttft[0]:+.0f} ms, p99 {ttft[1]:+.0f} ms)"
+            )
+        if self.speed:
+            low, high = min(self.speed), max(self.speed)
+            tuned += (
+                f", host speed x{low:.2f} to x{high:.2f} over its {len(self.speed)} "
+                f"{SPEED_WINDOW_S:g}-s windows"
             )
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
@@ -290,6 +302,9 @@ LOAD_PARAMS: dict[str, Any] = {
 
 # Most host-noise residuals a calibration keeps (the tuning run has about 200 requests).
 NOISE_SAMPLES = 256
+# The host's speed is measured over windows of SPEED_WINDOW_S (the tuning run has six),
+# each with at least this many requests beginning to decode in it.
+SPEED_MIN_REQUESTS = 5
 
 
 def tune(
@@ -304,17 +319,19 @@ def tune(
     open-loop run's own requests gives its measured TPOT p50, then the API time that gives
     its TTFT p50. A quiet closed loop and lone requests miss what load adds on a shared
     machine (the API server and the client taking CPU from the engine's steps). With each
-    request's measured (TTFT, E2E), in the order of `requests`, what the tuned replay does
-    not explain is kept as the host's noise."""
+    request's measured (TTFT, E2E), in the order of `requests`, the host's speed window by
+    window (`host_speed`), and what the tuned replay at that speed does not explain is kept
+    as the host's noise."""
     config = calibration.config()
     if measured is not None and len(measured) != len(requests):
         raise InvalidInput(
             f"{len(measured)} measured latencies for {len(requests)} replayed requests"
         )
 
-    def replayed(scale: float) -> dict[int, RequestResult]:
+    def replayed(scale: float, speed: HostSpeed | None = None) -> dict[int, RequestResult]:
         cost = calibration.model_copy(update={"load_scale": scale}).cost()
-        return {id(r.request): r for r in simulate(requests, config, cost) if not r.refused}
+        results = simulate(requests, config, cost, speed=speed)
+        return {id(r.request): r for r in results if not r.refused}
 
     def medians(results: dict[int, RequestResult]) -> tuple[float, float]:
         tpots, ttfts = [], []
@@ -338,7 +355,11 @@ def tune(
     results = replayed(scale)
     api_s = ttft_p50_s - medians(results)[1]  # the API's time under load: request_s
     noise: list[tuple[float, float]] = []
+    speed: list[float] = []
     if measured is not None:
+        speed, in_order = host_speed(requests, results, measured)
+        if in_order is not None:
+            results = replayed(scale, in_order)
         for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
             r = results.get(id(req))
             if r is not None and r.ttft_s is not None and r.e2e_s is not None:
@@ -351,8 +372,44 @@ def tune(
             "load_api_s": api_s - calibration.api_s,
             "tuned_rate": rate,
             "noise": noise,
+            "speed": speed,
         }
     )
+
+
+def host_speed(
+    requests: Sequence[SimRequest],
+    replayed: Mapping[int, RequestResult],
+    measured: Sequence[tuple[float, float]],
+) -> tuple[list[float], HostSpeed | None]:
+    """The host's speed in an open-loop run, window by window: for the requests that began
+    decoding in each SPEED_WINDOW_S window (SPEED_MIN_REQUESTS at least), their measured
+    TPOT median over the replay's, scaled so that the windows' median is 1 (the tuning
+    already matched the run's TPOT median). Also the run's own speed in order, to replay it
+    with (None when no window had enough requests)."""
+    windows: dict[int, tuple[list[float], list[float]]] = {}
+    for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
+        r = replayed.get(id(req))
+        if r is None or r.tpot_s is None or req.output_tokens < 2:
+            continue
+        i = int((req.arrival_s + ttft_s) // SPEED_WINDOW_S)
+        got, simulated = windows.setdefault(i, ([], []))
+        got.append((e2e_s - ttft_s) / (req.output_tokens - 1))
+        simulated.append(r.tpot_s)
+    ratios = {
+        i: float(np.median(got) / np.median(simulated))
+        for i, (got, simulated) in windows.items()
+        if len(got) >= SPEED_MIN_REQUESTS and np.median(got) > 0
+    }
+    if not ratios:
+        return [], None
+    middle = float(np.median(list(ratios.values())))
+    factors = {i: ratio / middle for i, ratio in ratios.items()}
+    # In order, a window without enough requests at the median's speed, and so past the
+    # run for as long again as it lasted (the queue's drain).
+    windows_run = 2 * max(max(factors), int(requests[-1].arrival_s // SPEED_WINDOW_S)) + 2
+    in_order = tuple(factors.get(i, 1.0) for i in range(windows_run))
+    return [factors[i] for i in sorted(factors)], HostSpeed(SPEED_WINDOW_S, in_order)
 
 
 def load_rate(calibration: Calibration) -> float:

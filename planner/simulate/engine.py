@@ -124,6 +124,26 @@ class StepCost:
         return step
 
 
+# The window a calibration measures the host's speed over (a few seconds: a shared
+# machine's speed moves from one to the next).
+SPEED_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpeed:
+    """A shared host's speed over time: a step that starts in the i-th window of `window_s`
+    seconds takes `factors[i]` times its cost (the factors over again past the last). On a
+    machine the engine shares, the same steps run a fifth faster or slower from one few
+    seconds to the next; near the knee that moves the queue more than any step's cost."""
+
+    window_s: float
+    factors: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or not self.factors or min(self.factors) <= 0:
+            raise InvalidInput("a host speed needs a window above 0 s and factors above 0")
+
+
 def pairs_of(chunk: int, cached: int) -> int:
     """Query-key pairs when `chunk` new tokens attend over `cached` ones and each other."""
     return chunk * cached + chunk * (chunk + 1) // 2
@@ -384,8 +404,12 @@ class _Engine:
         stats: EngineStats,
         sample_every_s: float | None,
         on_gaps: GapSink | None = None,
+        speed: HostSpeed | None = None,
     ) -> None:
         self.config, self.cost, self.stats = config, cost, stats
+        self.speed = speed
+        self.factor = 1.0  # the host's speed in the window `now` is in, which ends at:
+        self.window_end = math.inf if speed is None else 0.0
         self.on_gaps = on_gaps
         self.sample_every_s, self.next_sample = sample_every_s, 0.0
         self.arrivals = iter(requests)
@@ -411,6 +435,8 @@ class _Engine:
                 assert self.pending is not None
                 self.now = self.pending.arrival_s
                 continue
+            if self.now >= self.window_end:
+                self.next_window()
             fresh, self.fresh_head = self.fresh_head, False
             if fast_forward and not fresh and self.decode_stretch():
                 yield from self.end_of_step()
@@ -425,6 +451,13 @@ class _Engine:
                 self.now = max(self.now, self.pending.arrival_s)
                 continue
             yield from self.end_of_step()
+
+    def next_window(self) -> None:
+        """The host speed's window that `now` is in."""
+        assert self.speed is not None
+        i = int(self.now // self.speed.window_s)
+        self.factor = self.speed.factors[i % len(self.speed.factors)]
+        self.window_end = (i + 1) * self.speed.window_s
 
     def take_arrivals(self) -> Iterator[RequestResult]:
         config = self.config
@@ -505,7 +538,7 @@ class _Engine:
         tokens = _isum(got)
         kv_tokens = _isum((computed + got)[scheduled])
         pairs = _isum(got * computed + got * (got + 1) // 2)
-        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs)
+        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs) * self.factor
         self.now += step
         stats.steps += 1
         stats.busy_s += step
@@ -579,7 +612,7 @@ class _Engine:
             tokens += chunk
             kv_tokens += cached + chunk
             pairs += pairs_of(chunk, cached)
-        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs)
+        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs) * self.factor
         self.now += step
         now = self.now
         stats.steps += 1
@@ -655,10 +688,14 @@ class _Engine:
                 return False
         elif self.pending is not None and n < config.max_num_seqs:
             arrival = self.pending.arrival_s
+        # A new window of host speed ends it too (its steps cost what their window says).
+        arrival = min(arrival, self.window_end)
         k = left = _imin(run.output[:n] - run.generated[:n])
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
+        if self.speed is not None:
+            steps *= self.factor
         # Sequential sums, so that the times are exactly those of step-by-step runs.
         first = float(steps[0])
         steps[0] += self.now
@@ -784,15 +821,23 @@ def simulate(
     sample_every_s: float | None = None,
     fast_forward: bool = True,
     itl: GapSink | None = None,
+    speed: HostSpeed | None = None,
 ) -> Iterator[RequestResult]:
     """Run the traffic (ordered by arrival) through the engine; yield each request's result
     as it finishes or is refused. `stats` collects totals (and a timeline of KV blocks in
     use and queue depth every `sample_every_s` of simulated time). `fast_forward` runs
     stretches of decode-only steps in one go: the same results, far fewer operations.
     `itl` receives every inter-token gap (an array of gaps, and how many requests saw each)
-    as steps end, for a sketch of the ITL distribution."""
+    as steps end, for a sketch of the ITL distribution. `speed` slows and speeds the steps
+    as a shared host does (none: every step costs what `cost` says)."""
     engine = _Engine(
-        requests, config, cost, stats if stats is not None else EngineStats(), sample_every_s, itl
+        requests,
+        config,
+        cost,
+        stats if stats is not None else EngineStats(),
+        sample_every_s,
+        itl,
+        speed,
     )
     return engine.run(fast_forward)
 

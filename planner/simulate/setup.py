@@ -219,4 +219,5 @@ def calibrated_scenario(
         calibrated_prompt=calibration.max_prompt,
         calibrated_batch=calibration.max_batch,
         noise=tuple(calibration.noise),
+        speed=tuple(calibration.speed),
     )

@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import (
+    SPEED_WINDOW_S,
     EngineConfig,
     EngineStats,
+    HostSpeed,
     RequestResult,
     SimRequest,
     StepCost,
@@ -200,6 +202,9 @@ class Scenario:
     # A calibration's host noise: (TTFT, E2E) residuals in seconds, one drawn and added to
     # each request (seeded, as the traffic is).
     noise: tuple[tuple[float, float], ...] = ()
+    # A calibration's host speed, one factor per window of SPEED_WINDOW_S it measured: a
+    # prediction draws each window's from these (seeded).
+    speed: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -322,6 +327,21 @@ class _Tally:
         self.rows, self.names = [], []
 
 
+# Windows of host speed a prediction draws; past them the draws start over (4,096 windows
+# of 5 s: more than five hours of simulated time).
+SPEED_DRAWS = 4096
+
+
+def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
+    """Each window's speed drawn with replacement from a calibration's (a bootstrap of the
+    host's speed, as the noise is of its stalls); None without a calibration's."""
+    if not factors:
+        return None
+    rng = np.random.default_rng([seed, 4])
+    drawn = np.asarray(factors, dtype=float)[rng.integers(len(factors), size=SPEED_DRAWS)]
+    return HostSpeed(SPEED_WINDOW_S, tuple(drawn.tolist()))
+
+
 def capacity_rps(scenario: Scenario) -> float:
     """Requests per second the engine completes when all of the scenario's requests come at
     once (every slot full, the queue never empty): the rate the utilisation is measured
@@ -367,6 +387,7 @@ def predict(
         stats,
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
+        speed=_host_speed(scenario.speed, seed),
     )
     for r in results:
         longest_prompt = max(longest_prompt, r.request.prompt_tokens)

@@ -23,9 +23,9 @@ from planner.simulate.calibrate import (
     sweep_prefills,
     tune,
 )
-from planner.simulate.engine import pairs_of
+from planner.simulate.engine import SPEED_WINDOW_S, HostSpeed, pairs_of
 from planner.simulate.setup import calibrated_scenario, parse_settings
-from planner.simulate.whatif import Scenario, predict, traffic
+from planner.simulate.whatif import Scenario, capacity_rps, predict, traffic
 from planner.workload import Arrival, FixedProfile
 
 TRUE = StepCost(overhead_s=0.004, weights_read_s=0.0, kv_token_read_s=0.0, token_compute_s=3e-6,
@@ -201,3 +201,49 @@ def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:
     sweep = {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}
     lone = [(p.prompt_tokens, p.ttft_s) for p in prefills]
     assert quiet_fit(sweep, lone, CONFIG) == fit(decodes, prefills, CONFIG)
+
+
+def test_the_hosts_speed_is_measured_window_by_window_and_drawn_by_predictions() -> None:
+    """An engine whose steps run 1.4 times as long from 10 s to 20 s of a run: the tuned
+    calibration finds those two windows slow and the others at the median's speed, and a
+    prediction near the knee that draws windows from them has a longer tail than one that
+    does not (seeded: the same seed, the same prediction)."""
+    quiet = fit(*samples(), CONFIG)
+    rate = load_rate(quiet)
+    scenario = Scenario(CONFIG, TRUE, FixedProfile(prompt_tokens=256, output_tokens=64), 240)
+    requests = list(traffic(scenario.profile, Arrival(rate=rate), 240, seed=4))
+    host = HostSpeed(SPEED_WINDOW_S, (1.0, 1.0, 1.4, 1.4) + (1.0,) * 20)
+    results = {id(r.request): r for r in simulate(requests, CONFIG, TRUE, speed=host)}
+    measured = [
+        (results[id(q)].ttft_s + API_S, results[id(q)].e2e_s + API_S)  # type: ignore[operator]
+        for q in requests
+    ]
+    tpot = float(np.median([r.tpot_s for r in results.values() if r.tpot_s is not None]))
+    ttft = float(np.median([t for t, _ in measured]))
+    tuned = tune(quiet, requests, rate, tpot, ttft, measured)
+    assert len(tuned.speed) >= 5
+    slow = [f for f in tuned.speed if f > 1.2]
+    assert len(slow) == 2 and all(f == pytest.approx(1.4, rel=0.08) for f in slow)
+    assert all(f == pytest.approx(1.0, rel=0.05) for f in tuned.speed if f <= 1.2)
+    assert "host speed x1.00 to x1.4" in tuned.describe()
+    # The replay at the run's own speed explains the slow windows: the E2E residuals'
+    # 90th percentile is a third of what a replay at one speed leaves.
+    unexplained = np.quantile([abs(e) for _, e in tuned.noise], 0.9)
+    still_host = tuned.cost()  # (the same step cost at one speed)
+    flat = {id(r.request): r.e2e_s or 0.0 for r in simulate(requests, CONFIG, still_host)}
+    flat_e2e = [
+        m[1] - flat[id(q)] - tuned.request_s for q, m in zip(requests, measured, strict=True)
+    ]
+    assert unexplained < np.quantile(np.abs(flat_e2e), 0.9) / 3
+    near_knee = calibrated_scenario(
+        tuned, parse_settings(["num_requests=600", "prompt_tokens=256", "output_tokens=64"])
+    )
+    steady = replace(near_knee, speed=())
+    knee = 0.9 * capacity_rps(steady)
+    moving, still = predict(near_knee, knee, seed=2), predict(steady, knee, seed=2)
+    assert moving.ttft_s.p99 > 1.2 * still.ttft_s.p99  # type: ignore[operator]
+    assert predict(near_knee, knee, seed=2) == moving
+    # Too few requests a window: no speed is measured, and the calibration says none.
+    few = requests[::60]
+    sparse = tune(quiet, few, rate, tpot, ttft, [measured[i] for i in range(0, 240, 60)])
+    assert sparse.speed == [] and "host speed" not in sparse.describe()

@@ -12,7 +12,7 @@ from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
-from planner.simulate.engine import pairs_of
+from planner.simulate.engine import HostSpeed, pairs_of
 from planner.simulate.roofline import roofline_cost
 from tests.support.sim_reference import reference_simulate
 
@@ -257,3 +257,35 @@ def test_chat_turns_find_the_earlier_turns_in_the_cache_with_and_without_stretch
         assert slow_stats.prefix_hits == fast_stats.prefix_hits
         rates.append(fast_stats.prefix_hits / fast_stats.prefix_queries)
     assert rates[0] > 0.6 and rates[1] < rates[0] - 0.1
+
+
+@pytest.mark.parametrize("config", [CONFIG, CONFIGS["preempting"]], ids=["ample", "preempting"])
+def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
+    config: EngineConfig,
+) -> None:
+    """Steps cost their window's factor; decode stretches end where a window does, so that
+    they give what step-by-step runs give, to the bit. A constant factor of 2 is an engine
+    twice as slow: every request's times doubled (at low load, where no queue forms)."""
+    rng = np.random.default_rng(5)
+    times = np.cumsum(rng.exponential(1 / 12.0, 300))
+    traffic = [
+        SimRequest(float(t), int(rng.integers(1, 1200)), int(rng.integers(1, 700))) for t in times
+    ]
+    speed = HostSpeed(0.7, (1.0, 1.6, 0.8, 1.25))
+    slow_stats, fast_stats, plain_stats = EngineStats(), EngineStats(), EngineStats()
+    slow = list(simulate(traffic, config, COST, slow_stats, fast_forward=False, speed=speed))
+    fast = list(simulate(traffic, config, COST, fast_stats, speed=speed))
+    list(simulate(traffic, config, COST, plain_stats))
+    assert slow == fast and fast_stats.stretches > 0
+    assert fast_stats.steps == slow_stats.steps
+    assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
+    assert fast_stats.busy_s > plain_stats.busy_s  # (the factors average above 1)
+
+    lone = [SimRequest(10.0 * i, 300, 40) for i in range(5)]
+    once = list(simulate(lone, CONFIG, COST))
+    twice = list(simulate(lone, CONFIG, COST, speed=HostSpeed(1.0, (2.0,))))
+    for a, b in zip(once, twice, strict=True):
+        assert a.ttft_s is not None and a.e2e_s is not None
+        assert b.ttft_s == pytest.approx(2 * a.ttft_s) and b.e2e_s == pytest.approx(2 * a.e2e_s)
+    with pytest.raises(InvalidInput, match="factors above 0"):
+        HostSpeed(1.0, (1.0, 0.0))
