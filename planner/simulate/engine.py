@@ -257,19 +257,21 @@ class _Waiting:
 
 class _Running:
     """The running requests as arrays, in admission order (the newest last): one 2-D array
-    of integers and one of floats, so that dropping finished requests is two operations."""
+    of integers and one of floats, so that dropping finished requests is two operations.
+    Between steps a request holds the KV blocks of what it computed and no more: `base` of
+    them through the prefix cache, the rest alone (`alone`)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, block_size: int) -> None:
         self.n = 0
+        self.block_size = block_size
         self.reqs: list[SimRequest] = []
-        self.ints = np.zeros((9, capacity), dtype=np.int64)
+        self.ints = np.zeros((8, capacity), dtype=np.int64)
         self.floats = np.zeros((4, capacity))
         (
             self.prompt,
             self.output,
             self.generated,
             self.computed,
-            self.blocks,  # held alone
             self.preemptions,
             self.base,  # of its context, held by the prefix cache
             self.shares,  # tokens it may publish to the prefix cache
@@ -278,15 +280,13 @@ class _Running:
         self.progress = self.ints[2:4]  # generated and computed, which a decode moves together
         self.scheduled_s, self.first_s, self.last_s, self.itl_max_s = self.floats
 
-    def add(
-        self, w: _Waiting, now: float, blocks: int, hit: int = 0, cached: int = 0, shares: int = 0
-    ) -> None:
-        """Run `w`, holding `blocks` alone; its first `cached` tokens (`hit` blocks) found
-        in the prefix cache; `shares` tokens it may publish there."""
+    def add(self, w: _Waiting, now: float, hit: int = 0, cached: int = 0, shares: int = 0) -> None:
+        """Run `w`, its first `cached` tokens (`hit` blocks) found in the prefix cache;
+        `shares` tokens it may publish there."""
         i = self.n
         self.reqs.append(w.req)
         self.prompt[i], self.output[i] = w.req.prompt_tokens, w.req.output_tokens
-        self.generated[i], self.computed[i], self.blocks[i] = w.generated, cached, blocks
+        self.generated[i], self.computed[i] = w.generated, cached
         self.base[i], self.shares[i], self.published[i] = hit, shares, hit
         self.preemptions[i] = w.preemptions
         self.scheduled_s[i] = now if math.isnan(w.scheduled_s) else w.scheduled_s
@@ -306,7 +306,11 @@ class _Running:
             float(self.last_s[i]),
             float(self.itl_max_s[i]),
         )
-        return w, int(self.blocks[i])
+        return w, self.alone(i)
+
+    def alone(self, i: int) -> int:
+        """Blocks row `i` holds alone."""
+        return _blocks_for(int(self.computed[i]), self.block_size) - int(self.base[i])
 
     def drop(self, rows: list[int]) -> None:
         """Drop these rows (ascending), keeping the others in order."""
@@ -331,6 +335,56 @@ class _Running:
         """Tokens each must compute before its next token (1 for a decode)."""
         n = self.n
         return self.prompt[:n] + self.generated[:n] - self.computed[:n]
+
+
+class _Phases:
+    """How many running requests stand at each position of their last KV block, so that the
+    blocks a run of decode steps needs is a count, not a pass over the requests. A request
+    with c tokens computed has the key (c + offset) % block_size; a decode step moves every
+    request on by one token and the offset back by one, so that no key changes. Stale after
+    anything else moves them (a regular step); rebuilt when next asked."""
+
+    def __init__(self, block_size: int) -> None:
+        self.bs = block_size
+        self.counts = [0] * block_size
+        self.offset = 0
+        self.n = 0
+        self.stale = False
+
+    def rebuild(self, computed: np.ndarray) -> None:
+        keys = (computed + self.offset) % self.bs
+        self.counts = np.bincount(keys, minlength=self.bs).tolist()
+        self.n = len(computed)
+        self.stale = False
+
+    def add(self, computed: int) -> None:
+        self.counts[(computed + self.offset) % self.bs] += 1
+        self.n += 1
+
+    def remove(self, computed: int) -> None:
+        self.counts[(computed + self.offset) % self.bs] -= 1
+        self.n -= 1
+
+    def advance(self, tokens: int) -> None:
+        """Every request computed `tokens` more."""
+        self.offset = (self.offset - tokens) % self.bs
+
+    def crossings(self, tokens: int) -> int:
+        """Blocks the requests need to compute `tokens` more each: ((c - 1) % bs + tokens)
+        // bs apiece, so `tokens // bs` each and one more for those whose (c - 1) % bs is
+        at least bs - tokens % bs (their keys: a run of tokens % bs, around the end)."""
+        bs, m = self.bs, tokens % self.bs
+        total = self.n * (tokens // bs)
+        if m:
+            start = (bs - m + 1 + self.offset) % bs
+            end = start + m
+            counts = self.counts
+            total += (
+                sum(counts[start:end])
+                if end <= bs
+                else sum(counts[start:]) + sum(counts[: end - bs])
+            )
+        return total
 
 
 class _PrefixCache:
@@ -416,7 +470,8 @@ class _Engine:
         self.pending: SimRequest | None = next(self.arrivals, None)
         self.last_arrival = -math.inf
         self.waiting: deque[_Waiting] = deque()
-        self.running = _Running(config.max_num_seqs)
+        self.running = _Running(config.max_num_seqs, config.block_size)
+        self.phases = _Phases(config.block_size)
         self.free = config.num_blocks  # held by nothing, cached by nothing
         self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
@@ -514,6 +569,7 @@ class _Engine:
         self.maybe_done = True
         if self.decoding and 0 < n0 <= config.max_num_batched_tokens and self.decode_step():
             return True
+        self.phases.stale = True  # (requests move on by different counts here)
         got = np.zeros(config.max_num_seqs, dtype=np.int64)
         preempted = False
         if n0:
@@ -582,7 +638,7 @@ class _Engine:
                     shares = w.req.shares_tokens
             need = _blocks_for(cached + chunk, bs) - hit
             self.take(need)
-            run.add(w, self.now, need, hit, cached, shares)
+            run.add(w, self.now, hit, cached, shares)
             admitted.append((run.n - 1, w, chunk, cached))
             budget -= chunk
         return admitted
@@ -594,14 +650,15 @@ class _Engine:
         one token and emits it."""
         config, run, stats = self.config, self.running, self.stats
         n0 = run.n
-        need = run.computed[:n0] % config.block_size == 0  # (_blocks_needed(1), cheaper)
-        total = _isum(need)
+        phases = self.phases
+        if phases.stale:
+            phases.rebuild(run.computed[:n0])
+        total = phases.crossings(1)
         if total > self.free and self.cache is not None:
             self.free += self.cache.evict(total - self.free)
         if total > self.free:
             return False
         self.free -= total
-        run.blocks[:n0] += need
         computed = run.computed[:n0]
         context = _isum(computed)
         admitted = self.admit(config.max_num_batched_tokens - n0)
@@ -618,6 +675,7 @@ class _Engine:
         stats.steps += 1
         stats.busy_s += step
         run.progress[:, :n0] += 1  # generated and computed
+        phases.advance(1)
         last = run.last_s[:n0]
         gaps = now - last
         itl = run.itl_max_s[:n0]
@@ -626,6 +684,7 @@ class _Engine:
         decoding = True
         for i, w, chunk, cached in admitted:  # (w's values are the row's as admitted)
             run.computed[i] = cached + chunk
+            phases.add(cached + chunk)
             if cached + chunk < w.tokens:
                 decoding = False  # a chunk of a longer prompt: no token yet
                 continue
@@ -652,14 +711,13 @@ class _Engine:
         preempted = False
         while run.n:
             n = run.n
-            held = run.base[:n] + run.blocks[:n]
-            need = np.maximum(-(-(run.computed[:n] + got[:n]) // bs) - held, 0)
-            total = _isum(need)
+            computed = run.computed[:n]
+            held = -(-computed // bs)  # (the blocks of what each computed: see _Running)
+            total = _isum(-(-(computed + got[:n]) // bs) - held)
             if total > self.free and self.cache is not None:
                 self.free += self.cache.evict(total - self.free)
             if total <= self.free:
                 self.free -= total
-                run.blocks[:n] += need
                 return preempted
             # The first request that cannot grow: the newest goes (maybe itself); retry.
             waiting, blocks = run.pop()
@@ -705,7 +763,7 @@ class _Engine:
             k = min(k, int(times.searchsorted(arrival, side="left")) + 1)
         # (A step's time does not depend on how many follow: the first k of these are the
         # stretch's, whatever its length.)
-        k, need, total = self._span(k)
+        k, total = self._span(k)
         if k < 2:
             return False
         self.maybe_done = k == left
@@ -725,23 +783,11 @@ class _Engine:
             self.on_gaps(gaps, float(n))
         stats.max_batch = max(stats.max_batch, n)
         run.last_s[:n] = self.now
-        run.blocks[:n] += need
         run.progress[:, :n] += k  # generated and computed
+        self.phases.advance(k)
         self.free -= total
         self.publish()
         return True
-
-    def _blocks_needed(self, k: int) -> np.ndarray:
-        """Blocks each running request needs to decode `k` more tokens. Between steps a
-        request holds (alone or through the cache) the blocks of what it computed, no more,
-        so this is how many block boundaries its next `k` tokens cross: with c computed
-        (at least one), ((c - 1) % block_size + k) // block_size."""
-        bs = self.config.block_size
-        need: np.ndarray = self.running.computed[: self.running.n] - 1
-        need %= bs
-        need += k
-        need //= bs
-        return need
 
     def publish(self) -> None:
         """Hand the full blocks running requests computed of what they share to the prefix
@@ -754,27 +800,25 @@ class _Engine:
         for i in np.flatnonzero(ready > run.published[:n]).tolist():
             key = run.reqs[i].prefix
             assert key is not None
-            moved = cache.grow(key, int(ready[i]))
-            run.blocks[i] -= moved
-            run.base[i] += moved
+            run.base[i] += cache.grow(key, int(ready[i]))
             run.published[i] = ready[i]
 
-    def _span(self, limit: int) -> tuple[int, np.ndarray, int]:
-        """Most decode steps (up to `limit`) whose blocks are free, those blocks, and how
-        many in all."""
-        need = self._blocks_needed(limit)
-        total = _isum(need)
+    def _span(self, limit: int) -> tuple[int, int]:
+        """Most decode steps (up to `limit`) whose blocks are free, and how many blocks."""
+        phases = self.phases
+        if phases.stale:
+            phases.rebuild(self.running.computed[: self.running.n])
+        total = phases.crossings(limit)
         if total <= self.free:
-            return limit, need, total
+            return limit, total
         lo, hi = 0, limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _isum(self._blocks_needed(mid)) <= self.free:
+            if phases.crossings(mid) <= self.free:
                 lo = mid
             else:
                 hi = mid - 1
-        need = self._blocks_needed(lo)
-        return lo, need, _isum(need)
+        return lo, phases.crossings(lo)
 
     def end_of_step(self) -> Iterator[RequestResult]:
         """Hand over the requests the step finished, free their blocks, sample."""
@@ -782,12 +826,15 @@ class _Engine:
         done = run.generated[:n] >= run.output[:n] if self.maybe_done else None
         if done is not None and _any(done):
             rows = done.nonzero()[0].tolist()
+            phases = self.phases
             for i in rows:
                 yield self.result(i)
                 key = run.reqs[i].prefix
                 if self.cache is not None and key is not None:
                     self.cache.unpin(key)
-            self.free += _isum(run.blocks[:n][done])
+                self.free += run.alone(i)
+                if not phases.stale:
+                    phases.remove(int(run.computed[i]))
             run.drop(rows)
         if self.sample_every_s is not None and self.now >= self.next_sample:
             # As vLLM's KV usage: cached blocks nobody runs with count as free.

@@ -139,6 +139,8 @@ CONFIGS = {
     "long-prefill-cap": replace(CONFIG, long_prefill_token_threshold=256),
     "whole-prompts": replace(CONFIG, chunked_prefill=False, max_num_batched_tokens=8192),
     "starved": replace(CONFIG, num_blocks=300, max_model_len=2048, max_num_batched_tokens=512),
+    # The CPU engine's block size: a block boundary every 32 tokens, not 16.
+    "blocks-of-32": replace(CONFIG, num_blocks=350, block_size=32, max_model_len=2048),
 }
 
 
