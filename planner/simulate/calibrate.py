@@ -179,8 +179,8 @@ class Calibration(BaseModel):
         if self.speed:
             low, high = min(self.speed), max(self.speed)
             tuned += (
-                f", host speed x{low:.2f} to x{high:.2f} over its {len(self.speed)} "
-                f"{SPEED_WINDOW_S:g}-s windows"
+                f", host speed x{low:.2f} to x{high:.2f} over {len(self.speed)} windows of "
+                f"{SPEED_WINDOW_S:g} s"
             )
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
