@@ -650,9 +650,7 @@ class _Engine:
         one token and emits it."""
         config, run, stats = self.config, self.running, self.stats
         n0 = run.n
-        phases = self.phases
-        if phases.stale:
-            phases.rebuild(run.computed[:n0])
+        phases = self.fresh_phases()
         total = phases.crossings(1)
         if total > self.free and self.cache is not None:
             self.free += self.cache.evict(total - self.free)
@@ -803,11 +801,15 @@ class _Engine:
             run.base[i] += cache.grow(key, int(ready[i]))
             run.published[i] = ready[i]
 
+    def fresh_phases(self) -> _Phases:
+        """The running requests' phases, rebuilt if a regular step left them stale."""
+        if self.phases.stale:
+            self.phases.rebuild(self.running.computed[: self.running.n])
+        return self.phases
+
     def _span(self, limit: int) -> tuple[int, int]:
         """Most decode steps (up to `limit`) whose blocks are free, and how many blocks."""
-        phases = self.phases
-        if phases.stale:
-            phases.rebuild(self.running.computed[: self.running.n])
+        phases = self.fresh_phases()
         total = phases.crossings(limit)
         if total <= self.free:
             return limit, total
