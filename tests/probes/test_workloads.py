@@ -95,6 +95,18 @@ def test_lognormal_lengths_have_their_median_and_stay_in_bounds() -> None:
     assert {s.output_tokens for s in shapes} == {50}  # sigma 0: the median every time
 
 
+def test_lengths_drawn_in_blocks_are_the_lengths_drawn_one_at_a_time() -> None:
+    """The lognormal profile draws its lengths a block at a time (`LengthDist.lengths`);
+    the other profiles draw one at a time (`draw`). Both are one formula: the same normal
+    draws give the same lengths, clamps and halves (rounded to even) included."""
+    profile = LognormalProfile(prompt=_dist(300, 0.8, 20, 2000), output=_dist(50.5, 0.0))
+    rng = np.random.default_rng(4)
+    pairs = [(profile.prompt.draw(rng), profile.output.draw(rng)) for _ in range(3000)]
+    blocked = profile.shapes(3000, seed=4)
+    assert [(s.prompt_tokens, s.output_tokens) for s in blocked] == pairs
+    assert {o for _, o in pairs} == {50}  # 50.5 rounds to even, in both
+
+
 def test_empirical_pairs_follow_their_weights() -> None:
     profile = EmpiricalProfile(pairs=[(10, 1), (100, 2), (1000, 3)], weights=[1, 2, 7])
     counts = Counter((s.prompt_tokens, s.output_tokens) for s in profile.shapes(10000, 2))
