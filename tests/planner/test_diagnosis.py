@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.diagnosis import BAR, Baseline, Cause, Signals, judge, scores
 
 CALM = Signals(0, 60, up_share=1.0, finished=30, ttft_p50_s=0.02, ttft_p99_s=0.06,
@@ -63,3 +65,18 @@ def test_unanswered_scrapes_of_an_engine_serving_its_queue_are_not_down() -> Non
                     ttft_mean_s=3.56)  # fmt: skip
     assert judge(failing).cause is Cause.DOWN
     assert judge(_with(up_share=0.8, finished=144)).cause is Cause.DOWN  # no queue: gone a while
+
+
+def test_queue_time_without_a_standing_queue_leaves_the_stall_to_the_long_prefills() -> None:
+    """Beside a CPU hog, the short requests of the end-to-end prefill scenario spent half
+    their TTFT in the scheduler's queue, behind whole 5,000-token prefills, while no scrape
+    saw a request waiting: queueing cannot claim that window, so its queue share must not
+    take the stall from prefill interference (it once named none). With a standing queue,
+    the queue still claims it."""
+    held = _with(finished=11, prompt_p50=64, prompt_p99=5000, prompt_mean=600,
+                 itl_p50_s=0.01, itl_p99_s=0.049, ttft_p50_s=0.4, ttft_p99_s=4.0,
+                 ttft_mean_s=3.6, queue_mean_s=1.9, waiting_mean=0.0)  # fmt: skip
+    v = judge(held)
+    assert v.cause is Cause.PREFILL_INTERFERENCE and v.score >= BAR
+    queued = replace(held, waiting_mean=3.0)
+    assert judge(queued).cause is Cause.QUEUEING
