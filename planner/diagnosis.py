@@ -158,15 +158,20 @@ def _clamp(x: float) -> float:
     return max(0.0, min(1.0, x))
 
 
-def _queue_held(s: Signals) -> bool:
-    """Scrapes saw requests waiting: a standing queue, which queueing can claim."""
-    return s.waiting_mean is not None and s.waiting_mean >= WAITING_MIN
+def _standing_queue(s: Signals) -> float | None:
+    """The mean waiting when scrapes saw a standing queue (which queueing can claim)."""
+    w = s.waiting_mean
+    return w if w is not None and w >= WAITING_MIN else None
 
 
 def _serving_a_queue(s: Signals) -> bool:
     """The engine finished requests without failures while holding a queue: it was up, and
     busy enough that its metrics endpoint may be slow to answer."""
-    return _queue_held(s) and s.finished > 0 and s.failed / s.finished < ERRORS_BAR_SHARE
+    return (
+        _standing_queue(s) is not None
+        and s.finished > 0
+        and s.failed / s.finished < ERRORS_BAR_SHARE
+    )
 
 
 def _down(s: Signals) -> Score:
@@ -242,10 +247,10 @@ def _kv_pressure(s: Signals) -> Score:
         per = s.preemptions / max(s.finished, 1.0)
         score = max(score, 0.6 + 0.4 * _clamp(per))
         ev.append(Evidence("preemptions", s.preemptions, "requests evicted to free blocks"))
-    if _queue_held(s):
+    if (waiting := _standing_queue(s)) is not None:
         # Requests wait while the cache has no room: they wait for blocks.
         score = max(score, 0.6, _queue_share(s) or 0.0)
-        ev.append(Evidence("waiting mean", s.waiting_mean, "requests waiting for blocks"))
+        ev.append(Evidence("waiting mean", waiting, "requests waiting for blocks"))
     if s.kv_mean is not None:
         ev.append(Evidence("kv_usage mean", s.kv_mean, "over the window"))
     return Score(Cause.KV_PRESSURE, score, tuple(ev))
@@ -253,11 +258,12 @@ def _kv_pressure(s: Signals) -> Score:
 
 def _queueing(s: Signals) -> Score:
     share = _queue_share(s)
-    if share is None or not _queue_held(s):
+    waiting = _standing_queue(s)
+    if share is None or waiting is None:
         return Score(Cause.QUEUEING, 0.0)
     ev = [
         Evidence("queue share of TTFT", share, "mean queue time over mean TTFT"),
-        Evidence("waiting mean", s.waiting_mean, "requests waiting, mean over the window"),
+        Evidence("waiting mean", waiting, "requests waiting, mean over the window"),
     ]
     if s.queue_mean_s is not None:
         ev.append(Evidence("queue_time mean s", s.queue_mean_s, "per request"))
@@ -283,7 +289,7 @@ def _prefill_interference(s: Signals) -> Score:
     # At the spike threshold the score is at the bar; at 4 x the threshold it is certain.
     score = _clamp(0.5 + 0.5 * math.log(stall, 4.0)) if stall > 0 else 0.0
     share = _queue_share(s)
-    if share is not None and share > 0.5 and _queue_held(s):
+    if share is not None and share > 0.5 and _standing_queue(s) is not None:
         score *= 1.0 - share  # the stall is the standing queue's doing, not the prefills'
     return Score(Cause.PREFILL_INTERFERENCE, score, tuple(ev))
 
