@@ -53,6 +53,9 @@ T = TypeVar("T")
 PROMPTS_AHEAD = 1024
 PROMPT_BUILD_S = 120.0  # allowance for building prompts, in a run's deadline
 SAMPLE_TIMEOUT_S = 2.0  # a scrape during a run: short, so a cancel is honoured in time
+# A scrape between steps, whose counters a step's verdict rests on: the engine is idle, but
+# beside a busy host its API server can take longer than a sample's timeout to answer.
+SETTLED_TIMEOUT_S = 10.0
 
 
 class Figures(BaseModel):
@@ -250,10 +253,10 @@ class ProbeContext:
         """The target's metrics now (a frozen target costs `timeout`, never a cancel)."""
         return await self.vllm.scrape(timeout)
 
-    async def scrape_or_none(self) -> ParsedScrape | None:
-        """The target's metrics, or None from a server without vLLM's."""
+    async def scrape_or_none(self, timeout: float = SAMPLE_TIMEOUT_S) -> ParsedScrape | None:
+        """The target's metrics, or None from a server without vLLM's (or no answer)."""
         try:
-            return await self.vllm.scrape(SAMPLE_TIMEOUT_S)
+            return await self.vllm.scrape(timeout)
         except KvscopeError:
             return None
 

@@ -10,7 +10,6 @@ Destructive by nature: it needs `confirm`, and a managed engine unless `allow_ex
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from probes.engine.spec import EngineSpec
 from probes.kinds.chart import Axis, Chart, Mark, Trace
 from probes.kinds.context import (
     PROMPT_BUILD_S,
+    SETTLED_TIMEOUT_S,
     Figures,
     PlannedLoad,
     ProbeContext,
@@ -48,6 +48,9 @@ OOM = re.compile(r"out of memory|OutOfMemory|No available memory", re.IGNORECASE
 Outcome = Literal[
     "ok", "kv_exhausted", "rejected_too_long", "engine_oom", "engine_crashed", "timeout", "errors"
 ]
+# Where a step's preemption count came from: the counter read before and after it, or the
+# samples taken during it (a lower bound when the last ones went unanswered).
+Counted = Literal["between steps", "sampled"] | None
 
 
 class Params(ProbeParams):
@@ -97,6 +100,7 @@ class Step(Figures):
     running_peak: float | None = None
     waiting_peak: float | None = None
     preemptions: float | None = None
+    preemptions_counted: Counted = None
     ttft_p50_s: float | None = None
     e2e_p50_s: float | None = None
     outcome: Outcome
@@ -203,15 +207,19 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
     prompt = context - params.output_tokens
     profile = FixedProfile(prompt_tokens=prompt, output_tokens=params.output_tokens)
     specs = await ctx.profile_prompts(profile, params.batch, params.seed + index, params.api)
-    before = await ctx.scrape_or_none()  # no vLLM metrics: the sampler's view has to do
+    # The verdict rests on the preemption counter: read between steps with a patient
+    # timeout (a saturated engine's samples time out beside a busy host, and a sampled
+    # increase that misses the step's end misses its preemptions). No vLLM metrics, or no
+    # answer: the sampler's view has to do.
+    before = await ctx.scrape_or_none(SETTLED_TIMEOUT_S)
     async with Sampler(ctx, every_s=0.25) as sampler:
         result = await ctx.closed_loop(
             params, f"context={context}", specs, params.batch, keep_records=True
         )
     preemptions = sampler.increase("preemptions_total")
-    if before is not None:
-        with contextlib.suppress(KvscopeError):
-            preemptions = counter_delta(before, await ctx.scrape(), "preemptions_total")
+    counted: Counted = "sampled" if preemptions is not None else None
+    if before is not None and (after := await ctx.scrape_or_none(SETTLED_TIMEOUT_S)):
+        preemptions, counted = counter_delta(before, after, "preemptions_total"), "between steps"
     peaks = {
         "kv_usage": sampler.peak("kv_usage"),
         "running": sampler.peak("running"),
@@ -230,6 +238,7 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
         running_peak=peaks["running"],
         waiting_peak=peaks["waiting"],
         preemptions=preemptions,
+        preemptions_counted=counted,
         ttft_p50_s=percentiles([x for r in ok if (x := r.ttft_s) is not None]).p50,
         e2e_p50_s=percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,
         outcome=outcome,

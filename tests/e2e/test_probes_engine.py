@@ -193,7 +193,12 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
     assert predicted == (512 - 1) // 4 * 32  # 4064 tokens each: the planner, from the spec
     assert s["failure"]["kind"] == "kv_exhausted"
     # Measured to within one block (the bisection's granularity): vLLM agrees.
-    assert s["last_good_context"] <= predicted < s["failure"]["context"]
+    steps = [
+        {k: x[k] for k in ("context", "outcome", "preemptions", "preemptions_counted",
+                           "running_peak", "waiting_peak", "ttft_p50_s", "e2e_p50_s")}
+        for x in s["steps"]
+    ]  # fmt: skip
+    assert s["last_good_context"] <= predicted < s["failure"]["context"], steps
     assert s["failure"]["context"] - s["last_good_context"] <= 32
     assert s["health_after"] == "healthy"
     # Monitoring comes back with it: a scrape that timed out while the engine was

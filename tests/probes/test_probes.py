@@ -255,3 +255,20 @@ def test_engine_histogram_delta_between_scrapes_survives_a_restart() -> None:
     # The engine restarted in between: its counts since the restart, never negative ones.
     restarted = histogram_delta(_ttft_scrape(10, 10), _ttft_scrape(3, 4), "ttft")
     assert restarted.count == 4
+
+
+def test_an_oom_step_counts_its_preemptions_when_samples_go_unanswered() -> None:
+    """Beside a CPU hog, a saturated engine's /metrics answers later than a sample waits:
+    a step's verdict reads the counter between steps, patiently, so preemptions the samples
+    missed still fail the step (a context the cache could not hold once passed as ok)."""
+    params = parse_params(
+        "oom",
+        {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8,
+         "max_context": 512},
+    )  # fmt: skip
+    slow = FakeConfig(metrics=True, metrics_delay_s=2.5, preempt_over_tokens=256)
+    with serve(slow) as fake:
+        out = _run("oom", params, fake.url, managed=True)
+    (step,) = out.steps
+    assert (step.preemptions, step.preemptions_counted) == (2, "between steps")
+    assert out.failure.kind == "kv_exhausted" and out.failure.context == 512

@@ -59,6 +59,9 @@ class FakeConfig:
     # 503 and every generation 500 until then (the OOM probe's crash and restart).
     crash_over_tokens: int | None = None
     down_s: float = 1.0
+    # A prompt over this many tokens counts one preemption (the OOM probe's verdict).
+    preempt_over_tokens: int | None = None
+    metrics_delay_s: float = 0.0  # /metrics answers this late (a busy engine's API server)
 
 
 @dataclass
@@ -71,6 +74,7 @@ class FakeOpenAI:
     unauthorized: int = 0
     down_until: float = 0.0  # monotonic
     crashes: list[float] = field(default_factory=list)  # monotonic times of each crash
+    preemptions: int = 0
     sent: list[tuple[float, int]] = field(default_factory=list)  # (time, prompt tokens)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
@@ -97,7 +101,7 @@ class FakeOpenAI:
                 f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
                 f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} 0.0\n'
                 f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} 0.0\n'
-                f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} 0.0\n'
+                f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} {self.preemptions}\n'
             )
             return 200, text.encode(), None
         if method != "POST":
@@ -134,6 +138,8 @@ class FakeOpenAI:
         self.sent.append((now, prompt))
         if now < self.down_until:
             return 500, _error("engine dead", "InternalServerError", 500), None
+        if cfg.preempt_over_tokens is not None and prompt > cfg.preempt_over_tokens:
+            self.preemptions += 1
         if cfg.crash_over_tokens is not None and prompt > cfg.crash_over_tokens:
             self.down_until = now + cfg.down_s
             self.crashes.append(now)
@@ -227,9 +233,12 @@ class _Connection(asyncio.Protocol):
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
         if events is None:
             head += f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
-            self.transport.write((head + _conn(close)).encode() + payload)
-            if close:
-                self.transport.close()
+            answer = (head + _conn(close)).encode() + payload
+            delay = self.fake.config.metrics_delay_s if path == "/metrics" else 0.0
+            if delay > 0:
+                asyncio.get_running_loop().call_later(delay, self._write, answer, close)
+            else:
+                self._write(answer, close)
             return
         head += "content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n"
         head += _conn(close)
@@ -244,6 +253,14 @@ class _Connection(asyncio.Protocol):
             )
             self.fake.streams.add(task)
             task.add_done_callback(self.fake.streams.discard)
+
+    def _write(self, answer: bytes, close: bool) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return  # the client gave up waiting
+        self.transport.write(answer)
+        if close:
+            self.transport.close()
 
     async def _stream(
         self, head: bytes, events: list[bytes], first: int, cfg: FakeConfig, close: bool
