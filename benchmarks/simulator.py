@@ -28,17 +28,12 @@ from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, simulate
 from planner.simulate.calibrate import (
-    LOAD_PARAMS,
-    PREFILL_PARAMS,
-    SWEEP_PARAMS,
     Calibration,
-    load_rate,
-    quiet_fit,
-    tune,
 )
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
 from planner.workload import Arrival, parse_profile
+from probes import calibration
 from probes.engine.spec import engine_config, parse_spec
 from probes.worker import Worker
 from storage import queries as q
@@ -68,24 +63,15 @@ TARGETS = {"ttft_p50": 0.10, "tpot_p50": 0.10, "ttft_p99": 0.20, "e2e_p99": 0.10
 
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
     """As `kvscope simulate calibrate` does: a quiet fit, then tuned on one open-loop run."""
-    sweep_run = request("batch_sweep", target=injection.NAME, timeout=900, **SWEEP_PARAMS)
-    prefill_run = request("latency", target=injection.NAME, timeout=900, **PREFILL_PARAMS)
-    for run in (sweep_run, prefill_run):
-        if run.status != "done":
-            raise SystemExit(f"the calibration's {run.kind} ended {run.status}: {run.error}")
-    frame = q.run_records(worker.store, prefill_run.id)
+
+    def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        done = request(kind, target=injection.NAME, timeout=900, **params)
+        if done.status != "done":
+            raise SystemExit(f"the calibration's {kind} ended {done.status}: {done.error}")
+        return done.id, done.summary
+
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
-    config = engine_config(spec, worker.settings.data_dir)
-    lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-    quiet = quiet_fit(sweep_run.summary, lone, config)
-    rate = load_rate(quiet)
-    loaded = request("latency", target=injection.NAME, timeout=900, rate=rate, **LOAD_PARAMS)
-    if loaded.status != "done":
-        raise SystemExit(f"the calibration's open-loop run ended {loaded.status}: {loaded.error}")
-    m = loaded.summary
-    replayed = replay(q.replayable(worker.store, loaded.id))
-    measured = q.replayed_latencies(worker.store, loaded.id)
-    return tune(quiet, replayed, rate, m["tpot_s"]["p50"], m["ttft_s"]["p50"], measured)
+    return calibration.calibrate(worker.store, run, engine_config(spec, worker.settings.data_dir))
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:

@@ -22,16 +22,10 @@ from planner.gpus import get_gpu
 from planner.models import load_model
 from planner.simulate.calibrate import (
     CALIBRATION_KEY,
-    LOAD_PARAMS,
-    PREFILL_PARAMS,
-    SWEEP_PARAMS,
     Calibration,
-    load_rate,
-    quiet_fit,
-    tune,
 )
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
-from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, replay, sweep
+from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
 
 
 def parse_rates(text: str) -> list[float]:
@@ -214,6 +208,7 @@ def calibrate(
     """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, one
     open-loop run: a few minutes) and fit the simulator's step cost to it; stored for
     `--target`."""
+    from probes.calibration import calibrate as measure_and_fit
     from probes.engine.spec import engine_config, parse_spec
     from probes.kinds import KINDS
     from storage import queries as q
@@ -231,20 +226,11 @@ def calibrate(
         started = q.get_started_spec(store, known.name)
         spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
         engine = engine_config(spec, config.data_dir)
-        _, sweep_summary = run_local_probe(KINDS["batch_sweep"], target, dict(SWEEP_PARAMS))
-        run_id, _ = run_local_probe(KINDS["latency"], target, dict(PREFILL_PARAMS))
-        frame = q.run_records(store, run_id)
-        lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-        quiet = quiet_fit(sweep_summary, lone, engine)
-        rate = load_rate(quiet)
-        load_id, loaded = run_local_probe(KINDS["latency"], target, dict(LOAD_PARAMS, rate=rate))
-        fitted = tune(
-            quiet,
-            replay(q.replayable(store, load_id)),
-            rate,
-            loaded["tpot_s"]["p50"],
-            loaded["ttft_s"]["p50"],
-            q.replayed_latencies(store, load_id),
+        fitted = measure_and_fit(
+            store,
+            lambda kind, params: run_local_probe(KINDS[kind], target, params),
+            engine,
+            say=lambda line: typer.echo(line, err=True),
         ).model_copy(update={"target": target, "fitted_at": time.time()})
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:

@@ -300,6 +300,27 @@ LOAD_PARAMS: dict[str, Any] = {
 }
 
 
+# A tuning run must not queue: its TTFT would be the queue's, and the tune would put the
+# queue into the API's time and the step scale (a host-bound engine, whose API server and
+# client cannot keep up with what the quiet fit says its steps can, queued at 40 %). Such a
+# run is refused and made again at half the rate, at most LOAD_TRIES runs in all. (A late
+# sender is no reason: the tune replays the times the requests were sent.)
+QUEUED_SHARE = 0.5  # mean queue time over TTFT p50 that says the run queued
+LOAD_TRIES = 3
+
+
+def tuning_refused(summary: Mapping[str, Any]) -> str | None:
+    """Why an open-loop run's summary (a latency probe's) cannot be tuned on, or None."""
+    queue = ((summary.get("engine") or {}).get("queue_time") or {}).get("mean")
+    ttft = (summary.get("ttft_s") or {}).get("p50")
+    if queue is not None and ttft and queue >= QUEUED_SHARE * ttft:
+        return (
+            f"queued: {queue * 1000:,.0f} ms in the engine's queue on average against a TTFT "
+            f"p50 of {ttft * 1000:,.0f} ms"
+        )
+    return None
+
+
 # Most host-noise residuals a calibration keeps (the tuning run has about 200 requests).
 NOISE_SAMPLES = 256
 # The host's speed is measured over windows of SPEED_WINDOW_S (the tuning run has six),
@@ -412,13 +433,21 @@ def host_speed(
     return [factors[i] for i in sorted(factors)], HostSpeed(SPEED_WINDOW_S, in_order)
 
 
-def load_rate(calibration: Calibration) -> float:
+def load_rate(calibration: Calibration, sweep: Mapping[str, Any] | None = None) -> float:
     """The rate of the open-loop run to tune on: LOAD_SHARE of what the quiet fit says the
-    engine completes with every slot full, rounded to what a person would type."""
+    engine completes with every slot full, rounded to what a person would type. With the
+    batch sweep's summary, of no more than the most requests a second it completed (its
+    requests are the tuning run's shape): the fit counts the engine's steps only, and on a
+    shared machine the API server and the client may not keep up with them (a quiet fit of
+    the 4-slot CPU engine once said 352 req/s where the sweep completed 30)."""
     from planner.simulate.whatif import Scenario, capacity_rps
     from planner.workload import parse_profile
 
     quiet = Scenario(
         calibration.config(), calibration.cost(), parse_profile(LOAD_PARAMS["profile"]), 200
     )
-    return round(LOAD_SHARE * capacity_rps(quiet), 2)
+    capacity = capacity_rps(quiet)
+    measured = [float(x.get("requests_per_s") or 0) for x in (sweep or {}).get("steps", [])]
+    if max(measured, default=0.0) > 0:
+        capacity = min(capacity, max(measured))
+    return round(LOAD_SHARE * capacity, 2)

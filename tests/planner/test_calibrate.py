@@ -22,6 +22,7 @@ from planner.simulate.calibrate import (
     quiet_fit,
     sweep_prefills,
     tune,
+    tuning_refused,
 )
 from planner.simulate.engine import SPEED_WINDOW_S, HostSpeed, pairs_of
 from planner.simulate.setup import calibrated_scenario, parse_settings
@@ -247,3 +248,26 @@ def test_the_hosts_speed_is_measured_window_by_window_and_drawn_by_predictions()
     few = requests[::60]
     sparse = tune(quiet, few, rate, tpot, ttft, [measured[i] for i in range(0, 240, 60)])
     assert sparse.speed == [] and "host speed" not in sparse.describe()
+
+
+def test_a_tuning_run_that_queued_is_refused_with_the_reason() -> None:
+    """A host-bound CPU engine queued for seconds at 40 % of its quiet fit's capacity, and
+    the tune put the queue into the API's time (+1.8 s) and the steps (x2.7): such a run
+    is refused (and made again at half the rate), one that barely queued is kept."""
+    queued = {"ttft_s": {"p50": 2.6}, "engine": {"queue_time": {"mean": 1.96}}}
+    why = tuning_refused(queued)
+    assert why is not None and "1,960 ms in the engine's queue" in why and "2,600 ms" in why
+    calm = {"ttft_s": {"p50": 0.11}, "engine": {"queue_time": {"mean": 0.02}}}
+    assert tuning_refused(calm) is None
+    assert tuning_refused({"ttft_s": {"p50": 0.11}, "engine": None}) is None  # not vLLM
+
+
+def test_the_tuning_rate_is_no_more_than_the_sweep_completed() -> None:
+    """The quiet fit counts the engine's steps; the sweep's closed loop completed what the
+    host (API server and client too) could: the tuning run's rate is a share of the lesser."""
+    quiet = fit(*samples(), CONFIG)
+    fitted = load_rate(quiet)
+    sweep = {"steps": [{"requests_per_s": 1.0}, {"requests_per_s": 2.5}, {"requests_per_s": 2.0}]}
+    assert load_rate(quiet, sweep) == round(0.4 * 2.5, 2) < fitted
+    roomy = {"steps": [{"requests_per_s": 1e6}]}
+    assert load_rate(quiet, roomy) == fitted == load_rate(quiet, {"steps": []})

@@ -1,0 +1,64 @@
+"""A calibration's measurements, in one place for `kvscope simulate calibrate` and the
+benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
+open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
+while it queued (`planner.simulate.calibrate.tuning_refused`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+
+from planner.errors import TargetError
+from planner.simulate import EngineConfig
+from planner.simulate.calibrate import (
+    LOAD_PARAMS,
+    LOAD_TRIES,
+    PREFILL_PARAMS,
+    SWEEP_PARAMS,
+    Calibration,
+    load_rate,
+    quiet_fit,
+    tune,
+    tuning_refused,
+)
+from planner.simulate.whatif import replay
+from storage import queries as q
+
+# Runs one probe against the engine being calibrated: (kind, params) -> (run id, summary).
+RunProbe = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+def calibrate(
+    store: Engine, run: RunProbe, engine: EngineConfig, say: Callable[[str], None] = print
+) -> Calibration:
+    """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
+    _, sweep_summary = run("batch_sweep", dict(SWEEP_PARAMS))
+    prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
+    frame = q.run_records(store, prefill_id)
+    lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
+    quiet = quiet_fit(sweep_summary, lone, engine)
+    rate = load_rate(quiet, sweep_summary)
+    refused: list[str] = []
+    for _ in range(LOAD_TRIES):
+        load_id, loaded = run("latency", dict(LOAD_PARAMS, rate=rate))
+        why = tuning_refused(loaded)
+        if why is None:
+            return tune(
+                quiet,
+                replay(q.replayable(store, load_id)),
+                rate,
+                loaded["tpot_s"]["p50"],
+                loaded["ttft_s"]["p50"],
+                q.replayed_latencies(store, load_id),
+            )
+        refused.append(f"at {rate:g} req/s it {why}")
+        say(f"the open-loop run to tune on {refused[-1]}; again at half the rate")
+        rate = round(rate / 2, 2)
+    raise TargetError(
+        "the calibration could not be tuned: its open-loop run "
+        + "; ".join(refused)
+        + ". The host (API server and load generator beside the engine) cannot keep up: "
+        "calibrate with fewer other processes on the machine"
+    )
