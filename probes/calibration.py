@@ -1,7 +1,8 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
 open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
-while it queued (`planner.simulate.calibrate.tuning_refused`)."""
+while it queued (`planner.simulate.calibrate.tuning_refused`). A sweep whose answers reached
+the client in bursts is refused (`bursts`): its timings say nothing of the engine's steps."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from planner.simulate.calibrate import (
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
+    bursts,
     load_rate,
     quiet_fit,
     tune,
@@ -35,6 +37,11 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     _, sweep_summary = run("batch_sweep", dict(SWEEP_PARAMS))
+    if why := bursts(sweep_summary):
+        raise TargetError(
+            f"the calibration cannot fit this engine's batch sweep: {why}. Calibrate with "
+            "fewer other processes on the machine"
+        )
     prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
     frame = q.run_records(store, prefill_id)
     lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)

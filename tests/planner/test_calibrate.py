@@ -15,6 +15,7 @@ from planner.simulate.calibrate import (
     SWEEP_CONTEXT,
     DecodeSample,
     PrefillSample,
+    bursts,
     decode_samples,
     fit,
     load_rate,
@@ -271,3 +272,19 @@ def test_the_tuning_rate_is_no_more_than_the_sweep_completed() -> None:
     assert load_rate(quiet, sweep) == round(0.4 * 2.5, 2) < fitted
     roomy = {"steps": [{"requests_per_s": 1e6}]}
     assert load_rate(quiet, roomy) == fitted == load_rate(quiet, {"steps": []})
+
+
+def test_a_sweep_whose_answers_came_in_bursts_is_refused() -> None:
+    """The batch sweep beside a CPU hog (concurrency 1 and 8 as measured): TPOT p50 a
+    fraction of the answers' time from first token to last."""
+    starved = {"steps": [
+        {"concurrency": 1, "tpot_s": {"p50": 5.8e-05}, "ttft_s": {"p50": 0.158},
+         "e2e_s": {"p50": 0.222}},
+        {"concurrency": 8, "tpot_s": {"p50": 0.000146}, "ttft_s": {"p50": 0.405},
+         "e2e_s": {"p50": 0.795}},
+    ]}  # fmt: skip
+    why = bursts(starved)
+    assert why is not None and "concurrency 1" in why and "0.06 ms against 1.02 ms" in why
+    steady = {"steps": [{"concurrency": 4, "tpot_s": {"p50": 0.0049}, "ttft_s": {"p50": 0.05},
+                         "e2e_s": {"p50": 0.36}}]}  # fmt: skip
+    assert bursts(steady) is None

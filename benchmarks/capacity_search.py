@@ -1,0 +1,77 @@
+"""The capacity search on the real CPU engine: the simulator, calibrated on the engine,
+predicts the highest rate meeting an SLO; the capacity probe searches around that
+prediction (at most six measured rates); an exhaustive grid of measured rates says where
+the answer is. Prints the prediction, the search's points, the grid, and how far apart.
+
+    .venv/bin/python -m benchmarks.capacity_search             # ~10 min
+    .venv/bin/python -m benchmarks.capacity_search --rounds 3  # the search and grid again
+
+The engine is the diagnosis scenarios' (4 slots, whole prefills); the load and the SLO are
+those of tests/support/capacity.py; tests/fixtures/capacity/ keeps a run's grid, which
+tests/planner/test_search.py searches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from tests.support import capacity, injection
+
+GRID_STEP = 1.04
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals a rate")
+    ap.add_argument("--rounds", type=int, default=1, help="searches and grids, one after another")
+    ap.add_argument("--low", type=float, default=0.7, help="the grid's lowest rate, x predicted")
+    ap.add_argument("--high", type=float, default=1.4, help="the grid's highest rate, x predicted")
+    args = ap.parse_args()
+    venv = Path(__file__).resolve().parents[1] / ".engine-venv"
+    started = time.time()
+    with injection.diag_worker(venv) as (worker, request):
+        data = worker.settings.data_dir
+        capacity.calibrate(data, injection.NAME)
+        predicted = capacity.predicted_rps(data, injection.NAME)
+        print(f"SLO {capacity.SLO}, load {capacity.LOAD}, {args.duration:g} s a rate")
+        print(f"predicted highest rate meeting the SLO: {predicted:.2f} req/s", flush=True)
+        rows = []
+        for r in range(args.rounds):
+            found = capacity.guided(request, injection.NAME, predicted, args.duration)
+            tried = ", ".join(
+                f"{s['rate']:g} {'held' if s['passed'] else 'broke'}" for s in found["steps"]
+            )
+            print(f"round {r + 1}: search {tried} -> {found['capacity_rps']}", flush=True)
+            rates = capacity.ladder(predicted * args.low, predicted * args.high, GRID_STEP)
+            points = capacity.grid(request, injection.NAME, rates, args.duration)
+            print(capacity.table(points), flush=True)
+            best = capacity.grid_answer(points)
+            on_grid = capacity.replayed(predicted, points)
+            rows.append((r + 1, len(found["steps"]), found["capacity_rps"], on_grid, best))
+    print()
+    print(
+        "| round | search: points | found | on the grid's verdicts: points | found | grid "
+        "found | search / grid | on the grid / grid | predicted / grid |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r, n, got, on_grid, best in rows:
+        print(
+            f"| {r} | {n} | {_rate(got)} | {on_grid.points} | {_rate(on_grid.held)} | "
+            f"{_rate(best)} | {_off(got, best)} | {_off(on_grid.held, best)} | "
+            f"{_off(predicted, best)} |"
+        )
+    print(f"{time.time() - started:.0f} s in all")
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _off(x: float | None, truth: float | None) -> str:
+    return "-" if x is None or truth is None else f"{x / truth - 1:+.1%}"
+
+
+if __name__ == "__main__":
+    main()

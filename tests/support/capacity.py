@@ -1,0 +1,151 @@
+"""The capacity search on a real engine against an exhaustive grid of measured rates
+(benchmarks/capacity_search.py; tests/planner/test_search.py replays a grid it measured).
+
+The user's path throughout: `kvscope simulate calibrate --target NAME` fits the simulator to
+the engine, `kvscope simulate --target NAME ... --json` predicts the highest rate meeting
+the SLO (`max_rate`), and the capacity probe searches around that prediction
+(`predicted_rps`). The grid measures every rate of a geometric ladder with the same probe
+pinned to one rate (the same verdict: the SLO's share held, the sender on time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.simulate import search
+from planner.simulate.search import Bracket
+from tests.support.cli import kvscope
+
+# Whole 256-token prompts and 128-token answers, evenly spaced: the diag engine's four slots
+# are the limit, and past them the queue (TTFT) grows while TPOT stays put. Poisson arrivals
+# at 90 % of the slots' capacity make 12 s windows that queue for seconds or not at all
+# (queueing at that load, not the host), so the grid's verdicts would be coin tosses.
+LOAD: dict[str, Any] = {"prompt_tokens": 256, "output_tokens": 128, "arrival": "constant"}
+SLO: dict[str, Any] = {"ttft_slo_s": 1.0, "tpot_slo_s": 0.25, "share": 0.9}
+TOLERANCE = 0.05  # the search must land within this of the grid's answer
+
+Request = Callable[..., Any]
+
+
+def calibrate(data_dir: Path, target: str, timeout: float = 900) -> None:
+    """`kvscope simulate calibrate --target` against the store in `data_dir`."""
+    done = kvscope("simulate", "calibrate", "--target", target, env_dir=data_dir, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"calibration failed: {done.stderr.strip()[-2000:]}")
+
+
+def predicted_rps(data_dir: Path, target: str) -> float:
+    """The calibrated simulator's highest rate meeting SLO for LOAD (`max_rate`)."""
+    profile = {"kind": "fixed", "prompt_tokens": LOAD["prompt_tokens"]}
+    profile["output_tokens"] = LOAD["output_tokens"]
+    done = kvscope(
+        "simulate", "--target", target, "--rate", "1", "--profile", json.dumps(profile),
+        "--set", f"arrival={LOAD['arrival']}", "--set", "num_requests=1000",
+        "--slo-ttft", str(SLO["ttft_slo_s"]), "--slo-tpot", str(SLO["tpot_slo_s"]),
+        "--slo-share", str(SLO["share"]), "--json", env_dir=data_dir, timeout=300,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"the prediction failed: {done.stderr.strip()[-2000:]}")
+    doc = json.loads(done.stdout)
+    if doc["max_rate"] is None:
+        at_one = {k: doc[k] for k in ("ttft_s", "tpot_s", "slo_share", "source")}
+        raise AssertionError(f"the simulator says the SLO breaks at any rate; at 1/s: {at_one}")
+    return float(doc["max_rate"])
+
+
+def _capacity(request: Request, target: str, duration_s: float, **params: Any) -> dict[str, Any]:
+    run = request(
+        "capacity", target=target, timeout=1800, duration_s=duration_s, request_timeout_s=60,
+        lateness_limit_s=0.5, **LOAD, **SLO, **params,
+    )  # fmt: skip
+    if run.status != "done":
+        raise AssertionError(f"the capacity probe ended {run.status}: {run.error}")
+    summary: dict[str, Any] = run.summary
+    return summary
+
+
+def guided(request: Request, target: str, predicted: float, duration_s: float) -> dict[str, Any]:
+    """The capacity probe searching around `predicted`: its summary."""
+    return _capacity(request, target, duration_s, predicted_rps=round(predicted, 3))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One rate of the grid: whether the SLO held there (the share inside it, from a sender
+    on time), the share, and whether the sender kept its schedule."""
+
+    rate: float
+    held: bool
+    share: float | None
+    on_time: bool = True
+
+
+def grid(
+    request: Request, target: str, rates: list[float], duration_s: float, extend: int = 4
+) -> list[Point]:
+    """Each rate measured by the capacity probe pinned to it (no search), lowest first; then
+    up to `extend` rates more at each end, the ladder's step apart, until the lowest rate
+    held and the two highest broke (the grid holds every verdict a search could meet)."""
+
+    def measure(rate: float) -> Point:
+        s = _capacity(request, target, duration_s, start_rate=rate, max_rate=rate, iterations=0)
+        (step,) = s["steps"]
+        return Point(rate, bool(step["passed"]), step["slo_share"], bool(step["trustworthy"]))
+
+    points = [measure(rate) for rate in rates]
+    step = rates[1] / rates[0] if len(rates) > 1 else 1.05
+    for _ in range(extend):
+        if points[-1].held or points[-2:][0].held:
+            points.append(measure(round(points[-1].rate * step, 3)))
+    for _ in range(extend):
+        if not points[0].held:
+            points.insert(0, measure(round(points[0].rate / step, 3)))
+    return points
+
+
+def ladder(low: float, high: float, step: float) -> list[float]:
+    """Rates from `low` to at least `high`, each `step` times the last (rounded to ms)."""
+    n = math.ceil(math.log(high / low) / math.log(step))
+    return [round(low * step**i, 3) for i in range(n + 1)]
+
+
+def grid_answer(points: list[Point]) -> float | None:
+    """What the exhaustive grid finds: the highest rate at which the SLO held."""
+    held = [p.rate for p in points if p.held]
+    return max(held) if held else None
+
+
+def replayed(predicted: float, points: list[Point]) -> Bracket:
+    """The capacity probe's search from `predicted`, run on the grid's verdicts: each rate
+    it asks for is answered by the grid's nearest rate (the two searches judged on the same
+    measurements, not on two runs minutes apart). Refused when it asks beyond the grid."""
+    rates = [p.rate for p in points]
+    half_step = math.sqrt(rates[1] / rates[0]) if len(rates) > 1 else 1.0
+
+    def nearest(rate: float) -> Point:
+        if not rates[0] / half_step <= rate <= rates[-1] * half_step:
+            raise AssertionError(f"the search asked for {rate:g}/s, beyond the grid {rates}")
+        return min(points, key=lambda p: abs(math.log(p.rate / rate)))
+
+    found = search.run(predicted, lambda rate: nearest(rate).held)
+    # Where it landed, as the grid rates that answered.
+    return Bracket(
+        held=None if found.held is None else nearest(found.held).rate,
+        broke=None if found.broke is None else nearest(found.broke).rate,
+        points=found.points,
+    )
+
+
+def table(points: list[Point]) -> str:
+    """The grid as Markdown rows."""
+    rows = ["| rate/s | inside the SLO | sender on time | held |", "|---|---|---|---|"]
+    for p in points:
+        share = "-" if p.share is None else f"{p.share:.0%}"
+        late = "yes" if p.on_time else "no (late)"
+        rows.append(f"| {p.rate:g} | {share} | {late} | {'yes' if p.held else 'no'} |")
+    return "\n".join(rows)
