@@ -67,9 +67,11 @@ class _Bar:
         if now - self.last < 0.1 and fraction < 1.0:
             return
         self.last = now
-        filled = int(30 * min(max(fraction, 0.0), 1.0))
+        # A Poisson run may send more requests than the expected count it is measured by.
+        shown = min(max(fraction, 0.0), 1.0)
+        filled = int(30 * shown)
         phase = progress.phase[:60]
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%} {phase:<60}")
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {shown:4.0%} {phase:<60}")
         sys.stderr.flush()
 
 
