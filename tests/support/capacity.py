@@ -100,7 +100,7 @@ def grid(
     points = [measure(rate) for rate in rates]
     step = rates[1] / rates[0] if len(rates) > 1 else 1.05
     for _ in range(extend):
-        if points[-1].held or points[-2:][0].held:
+        if any(p.held for p in points[-2:]):
             points.append(measure(round(points[-1].rate * step, 3)))
     for _ in range(extend):
         if not points[0].held:
