@@ -33,8 +33,8 @@ from planner.simulate.calibrate import (
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
 from planner.workload import Arrival, parse_profile
-from probes import calibration
 from probes.engine.spec import engine_config, parse_spec
+from probes.kinds import calibration
 from probes.worker import Worker
 from storage import queries as q
 from tests.support import injection

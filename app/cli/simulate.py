@@ -208,9 +208,9 @@ def calibrate(
     """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, one
     open-loop run: a few minutes) and fit the simulator's step cost to it; stored for
     `--target`."""
-    from probes.calibration import calibrate as measure_and_fit
     from probes.engine.spec import engine_config, parse_spec
     from probes.kinds import KINDS
+    from probes.kinds.calibration import calibrate as measure_and_fit
     from storage import queries as q
     from storage.db import open_store
 
