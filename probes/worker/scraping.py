@@ -136,11 +136,9 @@ class TargetScraper:
         started, t0 = time.time(), time.monotonic()
         try:
             client = VllmClient(self.address(target), self.transport)
-            answer = Answer(
-                started,
-                time.monotonic() - t0,
-                text=client.metrics_text(limits.deadline_s, limits.body_limit_bytes),
-            )
+            text = client.metrics_text(limits.deadline_s, limits.body_limit_bytes)
+            # Timed after the answer: an argument list would take the time before the call.
+            answer = Answer(started, time.monotonic() - t0, text=text)
         except KvscopeError as err:
             answer = Answer(started, time.monotonic() - t0, error=str(err))
         self.record(target, answer)
