@@ -40,16 +40,14 @@ def main() -> None:
         rows = []
         for r in range(args.rounds):
             found = capacity.guided(request, injection.NAME, predicted, args.duration)
-            tried = ", ".join(
-                f"{s['rate']:g} {'held' if s['passed'] else 'broke'}" for s in found["steps"]
-            )
-            print(f"round {r + 1}: search {tried} -> {found['capacity_rps']}", flush=True)
+            tried = ", ".join(f"{s.rate:g} {'held' if s.passed else 'broke'}" for s in found.steps)
+            print(f"round {r + 1}: search {tried} -> {found.capacity_rps}", flush=True)
             rates = capacity.ladder(predicted * args.low, predicted * args.high, GRID_STEP)
             points = capacity.grid(request, injection.NAME, rates, args.duration)
             print(capacity.table(points), flush=True)
             best = capacity.grid_answer(points)
             on_grid = capacity.replayed(predicted, points)
-            rows.append((r + 1, len(found["steps"]), found["capacity_rps"], on_grid, best))
+            rows.append((r + 1, len(found.steps), found.capacity_rps, on_grid, best))
     print()
     print(
         "| round | search: points | found | on the grid's verdicts: points | found | grid "

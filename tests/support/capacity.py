@@ -19,6 +19,7 @@ from typing import Any
 
 from planner.simulate import search
 from planner.simulate.search import Bracket
+from probes.kinds.capacity import Result
 from tests.support.cli import kvscope
 
 # Whole 256-token prompts and 128-token answers, evenly spaced: the diag engine's four slots
@@ -41,8 +42,7 @@ def calibrate(data_dir: Path, target: str, timeout: float = 900) -> None:
 
 def predicted_rps(data_dir: Path, target: str) -> float:
     """The calibrated simulator's highest rate meeting SLO for LOAD (`max_rate`)."""
-    profile = {"kind": "fixed", "prompt_tokens": LOAD["prompt_tokens"]}
-    profile["output_tokens"] = LOAD["output_tokens"]
+    profile = {k: LOAD[k] for k in ("prompt_tokens", "output_tokens")} | {"kind": "fixed"}
     done = kvscope(
         "simulate", "--target", target, "--rate", "1", "--profile", json.dumps(profile),
         "--set", f"arrival={LOAD['arrival']}", "--set", "num_requests=1000",
@@ -58,19 +58,18 @@ def predicted_rps(data_dir: Path, target: str) -> float:
     return float(doc["max_rate"])
 
 
-def _capacity(request: Request, target: str, duration_s: float, **params: Any) -> dict[str, Any]:
+def _capacity(request: Request, target: str, duration_s: float, **params: Any) -> Result:
     run = request(
         "capacity", target=target, timeout=1800, duration_s=duration_s, request_timeout_s=60,
         lateness_limit_s=0.5, **LOAD, **SLO, **params,
     )  # fmt: skip
     if run.status != "done":
         raise AssertionError(f"the capacity probe ended {run.status}: {run.error}")
-    summary: dict[str, Any] = run.summary
-    return summary
+    return Result.model_validate(run.summary)
 
 
-def guided(request: Request, target: str, predicted: float, duration_s: float) -> dict[str, Any]:
-    """The capacity probe searching around `predicted`: its summary."""
+def guided(request: Request, target: str, predicted: float, duration_s: float) -> Result:
+    """The capacity probe searching around `predicted`."""
     return _capacity(request, target, duration_s, predicted_rps=round(predicted, 3))
 
 
@@ -94,8 +93,8 @@ def grid(
 
     def measure(rate: float) -> Point:
         s = _capacity(request, target, duration_s, start_rate=rate, max_rate=rate, iterations=0)
-        (step,) = s["steps"]
-        return Point(rate, bool(step["passed"]), step["slo_share"], bool(step["trustworthy"]))
+        (step,) = s.steps
+        return Point(rate, step.passed, step.slo_share, step.trustworthy)
 
     points = [measure(rate) for rate in rates]
     step = rates[1] / rates[0] if len(rates) > 1 else 1.05

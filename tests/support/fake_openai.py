@@ -244,9 +244,7 @@ class _Connection(asyncio.Protocol):
         head += _conn(close)
         cfg = self.fake.config
         if cfg.ttft_s <= 0 and cfg.itl_s <= 0:
-            self.transport.write(head.encode() + b"".join(map(_chunk, events)) + b"0\r\n\r\n")
-            if close:
-                self.transport.close()
+            self._write(head.encode() + b"".join(map(_chunk, events)) + b"0\r\n\r\n", close)
         else:
             task = asyncio.get_running_loop().create_task(
                 self._stream(head.encode(), events, 1 if chat else 0, cfg, close)
