@@ -1,0 +1,121 @@
+"""The calibration's flow (`kvscope simulate calibrate`, the benchmarks): its measurements
+taken through one probe runner, a tuning run that queued made again at half the rate, and
+an engine that cannot be calibrated refused with every reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import Engine
+
+from planner.errors import TargetError
+from planner.simulate import SimRequest, simulate
+from planner.simulate.calibrate import LOAD_PARAMS, LOAD_TRIES, SWEEP_CONTEXT, load_rate
+from planner.simulate.whatif import traffic
+from planner.workload import Arrival, FixedProfile
+from probes.kinds import calibration
+from storage import queries as q
+from storage.db import transaction
+from storage.tables import RequestRecord
+from tests.planner.test_calibrate import API_S, CONFIG, TRUE, closed_loop_tpot, lone_ttft
+
+
+class FakeEngine:
+    """Answers the calibration's probes as the simulator with the true step cost would, and
+    stores their requests; its open-loop runs report a standing queue `queued` times."""
+
+    def __init__(self, store: Engine, queued: int = 0, bursts: bool = False) -> None:
+        self.store, self.queued, self.bursts = store, queued, bursts
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.said: list[str] = []
+
+    def run(self, kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.calls.append((kind, params))
+        run = q.request_run(self.store, kind, params)
+        if kind == "batch_sweep":
+            return run.id, self.sweep()
+        if "rate" in params and params["profile"]["kind"] == "fixed":
+            return run.id, self.load(run.id, float(params["rate"]))
+        pairs = params["profile"]["pairs"]
+        lone = [SimRequest(8.0 * i, prompt, out) for i, (prompt, out) in enumerate(pairs * 2)]
+        self.store_requests(run.id, lone)
+        return run.id, {}
+
+    def sweep(self) -> dict[str, Any]:
+        prompt, output = SWEEP_CONTEXT
+        ttft = API_S + lone_ttft(prompt)
+        steps = []
+        for c in (1, 2, 4, 8):
+            tpot = closed_loop_tpot(c)
+            e2e = ttft + (output - 1) * tpot
+            # Beside a CPU hog the answers came whole: TPOT a sliver of their spread.
+            shown = tpot / 100 if self.bursts else tpot
+            steps.append({"concurrency": c, "tpot_s": {"p50": shown}, "ttft_s": {"p50": ttft},
+                          "e2e_s": {"p50": e2e}, "requests_per_s": c / e2e})  # fmt: skip
+        return {"steps": steps}
+
+    def load(self, run_id: int, rate: float) -> dict[str, Any]:
+        profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
+        n = int(rate * LOAD_PARAMS["duration_s"])
+        ttft, tpot = self.store_requests(run_id, list(traffic(profile, Arrival(rate=rate), n)))
+        queue_s = 2 * ttft if len(self.rates()) <= self.queued else 0.0
+        return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": {"p50": tpot},
+                "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
+
+    def store_requests(self, run_id: int, requests: list[SimRequest]) -> tuple[float, float]:
+        """Store what the simulator with the true cost says of `requests`; their medians."""
+        results = list(simulate(requests, CONFIG, TRUE))
+        with transaction(self.store) as s:
+            for seq, r in enumerate(results):
+                assert r.ttft_s is not None and r.e2e_s is not None
+                at = 1000.0 + r.request.arrival_s
+                s.add(
+                    RequestRecord(
+                        run_id=run_id, seq=seq, scheduled_ts=at, sent_ts=at,
+                        first_token_ts=at + API_S + r.ttft_s, end_ts=at + API_S + r.e2e_s,
+                        prompt_tokens=r.request.prompt_tokens,
+                        output_tokens=r.request.output_tokens, status="ok",
+                    )
+                )  # fmt: skip
+        ttfts = [API_S + r.ttft_s for r in results if r.ttft_s is not None]
+        tpots = [r.tpot_s for r in results if r.tpot_s is not None]
+        return float(np.median(ttfts)), float(np.median(tpots) if tpots else 0.0)
+
+    def rates(self) -> list[float]:
+        return [
+            float(p["rate"]) for k, p in self.calls if p.get("profile", {}).get("kind") == "fixed"
+        ]
+
+
+def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) -> None:
+    engine = FakeEngine(store, queued=2)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    first = engine.rates()[0]
+    quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0})
+    assert first == load_rate(quiet, engine.sweep())  # what the quiet fit and the sweep allow
+    assert engine.rates() == [first, round(first / 2, 2), round(round(first / 2, 2) / 2, 2)]
+    assert len(engine.said) == 2 and all("again at half the rate" in s for s in engine.said)
+    assert f"at {first:g} req/s it queued" in engine.said[0]
+    # Tuned on the third run, which did not queue: the true cost, nothing added by load.
+    assert cal.tuned_rate == engine.rates()[-1]
+    assert cal.load_scale == pytest.approx(1.0, abs=0.1)
+    assert cal.request_s == pytest.approx(API_S, abs=0.003)
+
+
+def test_an_engine_that_queues_at_every_rate_is_refused_with_each_reason(store: Engine) -> None:
+    engine = FakeEngine(store, queued=LOAD_TRIES)
+    with pytest.raises(TargetError, match="could not be tuned") as refused:
+        calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert len(engine.rates()) == LOAD_TRIES
+    for rate in engine.rates():
+        assert f"at {rate:g} req/s it queued" in str(refused.value)
+    assert "fewer other processes" in str(refused.value)
+
+
+def test_a_sweep_that_came_in_bursts_stops_the_calibration_first(store: Engine) -> None:
+    engine = FakeEngine(store, bursts=True)
+    with pytest.raises(TargetError, match="bursts"):
+        calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert [kind for kind, _ in engine.calls] == ["batch_sweep"]
