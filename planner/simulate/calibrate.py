@@ -76,17 +76,65 @@ class PrefillSample:
     ttft_s: float
 
 
-def decode_samples(sweep: Mapping[str, Any]) -> list[DecodeSample]:
+class _Read(BaseModel):
+    """What a calibration reads of a probe's result (the rest is ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Tail(_Read):
+    """A latency's figures as the probes report them; a calibration reads the median (and
+    the engine's mean queue time)."""
+
+    p50: float | None = None
+    mean: float | None = None
+
+
+class SweepStep(_Read):
+    """One concurrency of a closed-loop batch sweep's result."""
+
+    concurrency: int = Field(ge=1)
+    requests_per_s: float | None = None
+    ttft_s: Tail = Tail()
+    tpot_s: Tail = Tail()
+    itl_s: Tail = Tail()
+    e2e_s: Tail = Tail()
+
+
+class Sweep(_Read):
+    """A batch sweep's result: its steps."""
+
+    steps: list[SweepStep] = Field(default_factory=list)
+
+
+class _EngineQueue(_Read):
+    queue_time: Tail | None = None
+
+
+class LoadRun(_Read):
+    """An open-loop run's result (a latency probe's), as a tune reads it: the client's TTFT
+    and TPOT and the engine's own queue time."""
+
+    ttft_s: Tail = Tail()
+    tpot_s: Tail = Tail()
+    engine: _EngineQueue | None = None
+
+    @property
+    def queue_mean_s(self) -> float | None:
+        queue = self.engine.queue_time if self.engine is not None else None
+        return queue.mean if queue is not None else None
+
+
+def decode_samples(sweep: Sweep) -> list[DecodeSample]:
     """Decode samples from a batch sweep's result: each step's median TPOT (its median
     inter-token gap where the run kept no TPOT; at high concurrency tokens reach the client
     in bursts and the median gap reads 0), its sequences attending over the prompt and half
     the answer on average."""
     prompt, output = SWEEP_CONTEXT
     out = []
-    for step in sweep.get("steps", []):
-        gap = (step.get("tpot_s") or {}).get("p50") or (step.get("itl_s") or {}).get("p50")
-        if gap:
-            out.append(DecodeSample(int(step["concurrency"]), prompt + output / 2, float(gap)))
+    for step in sweep.steps:
+        if gap := step.tpot_s.p50 or step.itl_s.p50:
+            out.append(DecodeSample(step.concurrency, prompt + output / 2, gap))
     return out
 
 
@@ -95,34 +143,31 @@ def decode_samples(sweep: Mapping[str, Any]) -> list[DecodeSample]:
 BURST_SHARE = 0.25
 
 
-def bursts(sweep: Mapping[str, Any]) -> str | None:
+def bursts(sweep: Sweep) -> str | None:
     """Why a batch sweep cannot be fitted on (its answers reached the client in bursts), or
     None. Beside a CPU hog the CPU engine's API server, with the engine core in its own
     process, streamed whole answers at once: TPOT p50 0.06 ms at concurrency 1 where the
     answers took 1 ms a token, and a fit with error up to +17,000 %."""
     tokens = SWEEP_CONTEXT[1] - 1
-    for step in sweep.get("steps", []):
-        tpot = (step.get("tpot_s") or {}).get("p50")
-        ttft = (step.get("ttft_s") or {}).get("p50")
-        e2e = (step.get("e2e_s") or {}).get("p50")
+    for step in sweep.steps:
+        tpot, ttft, e2e = step.tpot_s.p50, step.ttft_s.p50, step.e2e_s.p50
         if tpot is None or ttft is None or e2e is None or e2e <= ttft:
             continue
         spread = (e2e - ttft) / tokens
         if tpot < BURST_SHARE * spread:
             return (
-                f"at concurrency {step['concurrency']} the answers reached the client in "
+                f"at concurrency {step.concurrency} the answers reached the client in "
                 f"bursts (TPOT p50 {tpot * 1000:.2f} ms against {spread * 1000:.2f} ms a token "
                 "from first to last): the API server was starved of CPU"
             )
     return None
 
 
-def sweep_prefills(sweep: Mapping[str, Any]) -> list[PrefillSample]:
+def sweep_prefills(sweep: Sweep) -> list[PrefillSample]:
     """The sweep's one-at-a-time step: each request alone, its median TTFT a prefill."""
-    for step in sweep.get("steps", []):
-        ttft = (step.get("ttft_s") or {}).get("p50")
-        if step.get("concurrency") == 1 and ttft:
-            return [PrefillSample(SWEEP_CONTEXT[0], float(ttft))]
+    for step in sweep.steps:
+        if step.concurrency == 1 and step.ttft_s.p50:
+            return [PrefillSample(SWEEP_CONTEXT[0], step.ttft_s.p50)]
     return []
 
 
@@ -290,7 +335,7 @@ def fit(
 
 
 def quiet_fit(
-    sweep: Mapping[str, Any],
+    sweep: Sweep,
     lone: Iterable[tuple[int | None, float | None]],
     config: EngineConfig,
 ) -> Calibration:
@@ -336,10 +381,11 @@ QUEUED_SHARE = 0.5  # mean queue time over TTFT p50 that says the run queued
 LOAD_TRIES = 3
 
 
-def tuning_refused(summary: Mapping[str, Any]) -> str | None:
-    """Why an open-loop run's summary (a latency probe's) cannot be tuned on, or None."""
-    queue = ((summary.get("engine") or {}).get("queue_time") or {}).get("mean")
-    ttft = (summary.get("ttft_s") or {}).get("p50")
+def tuning_refused(run: LoadRun) -> str | None:
+    """Why an open-loop run cannot be tuned on, or None."""
+    queue, ttft = run.queue_mean_s, run.ttft_s.p50
+    if ttft is None or run.tpot_s.p50 is None:
+        return "had no request answered with two tokens or more"
     if queue is not None and ttft and queue >= QUEUED_SHARE * ttft:
         return (
             f"queued: {queue * 1000:,.0f} ms in the engine's queue on average against a TTFT "
@@ -460,7 +506,7 @@ def host_speed(
     return [factors[i] for i in sorted(factors)], HostSpeed(SPEED_WINDOW_S, in_order)
 
 
-def load_rate(calibration: Calibration, sweep: Mapping[str, Any] | None = None) -> float:
+def load_rate(calibration: Calibration, sweep: Sweep | None = None) -> float:
     """The rate of the open-loop run to tune on: LOAD_SHARE of what the quiet fit says the
     engine completes with every slot full, rounded to what a person would type. With the
     batch sweep's summary, of no more than the most requests a second it completed (its
@@ -474,7 +520,7 @@ def load_rate(calibration: Calibration, sweep: Mapping[str, Any] | None = None) 
         calibration.config(), calibration.cost(), parse_profile(LOAD_PARAMS["profile"]), 200
     )
     capacity = capacity_rps(quiet)
-    measured = [float(x.get("requests_per_s") or 0) for x in (sweep or {}).get("steps", [])]
+    measured = [x.requests_per_s or 0.0 for x in sweep.steps] if sweep is not None else []
     if max(measured, default=0.0) > 0:
         capacity = min(capacity, max(measured))
     return round(LOAD_SHARE * capacity, 2)

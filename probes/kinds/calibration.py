@@ -19,6 +19,8 @@ from planner.simulate.calibrate import (
     PREFILL_PARAMS,
     SWEEP_PARAMS,
     Calibration,
+    LoadRun,
+    Sweep,
     bursts,
     load_rate,
     quiet_fit,
@@ -36,8 +38,9 @@ def calibrate(
     store: Engine, run: RunProbe, engine: EngineConfig, say: Callable[[str], None] = print
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
-    _, sweep_summary = run("batch_sweep", dict(SWEEP_PARAMS))
-    if why := bursts(sweep_summary):
+    _, summary = run("batch_sweep", dict(SWEEP_PARAMS))
+    sweep = Sweep.model_validate(summary)
+    if why := bursts(sweep):
         raise TargetError(
             f"the calibration cannot fit this engine's batch sweep: {why}. Calibrate with "
             "fewer other processes on the machine"
@@ -45,19 +48,20 @@ def calibrate(
     prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
     frame = q.run_records(store, prefill_id)
     lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-    quiet = quiet_fit(sweep_summary, lone, engine)
-    rate = load_rate(quiet, sweep_summary)
+    quiet = quiet_fit(sweep, lone, engine)
+    rate = load_rate(quiet, sweep)
     refused: list[str] = []
     for _ in range(LOAD_TRIES):
-        load_id, loaded = run("latency", dict(LOAD_PARAMS, rate=rate))
+        load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate))
+        loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
-        if why is None:
+        if why is None and loaded.tpot_s.p50 is not None and loaded.ttft_s.p50 is not None:
             return tune(
                 quiet,
                 replay(q.replayable(store, load_id)),
                 rate,
-                loaded["tpot_s"]["p50"],
-                loaded["ttft_s"]["p50"],
+                loaded.tpot_s.p50,
+                loaded.ttft_s.p50,
                 q.replayed_latencies(store, load_id),
             )
         refused.append(f"at {rate:g} req/s it {why}")

@@ -14,7 +14,9 @@ from planner.simulate import EngineConfig, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import (
     SWEEP_CONTEXT,
     DecodeSample,
+    LoadRun,
     PrefillSample,
+    Sweep,
     bursts,
     decode_samples,
     fit,
@@ -103,8 +105,10 @@ def test_too_few_kinds_of_measurement_are_refused() -> None:
 
 
 def test_samples_come_from_a_batch_sweep_and_lone_requests() -> None:
-    sweep = {"steps": [{"concurrency": 1, "itl_s": {"p50": 0.02}, "ttft_s": {"p50": 0.03}},
-                       {"concurrency": 2, "itl_s": {"p50": None}}]}  # fmt: skip
+    sweep = Sweep.model_validate(
+        {"steps": [{"concurrency": 1, "itl_s": {"p50": 0.02}, "ttft_s": {"p50": 0.03}},
+                   {"concurrency": 2, "itl_s": {"p50": None}}]}
+    )  # fmt: skip
     (one,) = decode_samples(sweep)
     assert (one.batch, one.itl_s) == (1, 0.02) and one.context == 288
     assert sweep_prefills(sweep) == [PrefillSample(SWEEP_CONTEXT[0], 0.03)]
@@ -200,7 +204,9 @@ def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() 
 
 def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:
     decodes, prefills = samples()
-    sweep = {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}
+    sweep = Sweep.model_validate(
+        {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}
+    )
     lone = [(p.prompt_tokens, p.ttft_s) for p in prefills]
     assert quiet_fit(sweep, lone, CONFIG) == fit(decodes, prefills, CONFIG)
 
@@ -255,12 +261,20 @@ def test_a_tuning_run_that_queued_is_refused_with_the_reason() -> None:
     """A host-bound CPU engine queued for seconds at 40 % of its quiet fit's capacity, and
     the tune put the queue into the API's time (+1.8 s) and the steps (x2.7): such a run
     is refused (and made again at half the rate), one that barely queued is kept."""
-    queued = {"ttft_s": {"p50": 2.6}, "engine": {"queue_time": {"mean": 1.96}}}
-    why = tuning_refused(queued)
+
+    def run(ttft: float | None, queue: float | None, tpot: float | None = 0.005) -> LoadRun:
+        engine = None if queue is None else {"queue_time": {"mean": queue}}
+        return LoadRun.model_validate(
+            {"ttft_s": {"p50": ttft}, "tpot_s": {"p50": tpot}, "engine": engine}
+        )
+
+    why = tuning_refused(run(2.6, 1.96))
     assert why is not None and "1,960 ms in the engine's queue" in why and "2,600 ms" in why
-    calm = {"ttft_s": {"p50": 0.11}, "engine": {"queue_time": {"mean": 0.02}}}
-    assert tuning_refused(calm) is None
-    assert tuning_refused({"ttft_s": {"p50": 0.11}, "engine": None}) is None  # not vLLM
+    assert tuning_refused(run(0.11, 0.02)) is None
+    assert tuning_refused(run(0.11, None)) is None  # not vLLM: no queue time to read
+    # Every request failed, or none had a second token: nothing to tune on.
+    for empty in (run(None, None, None), run(0.11, 0.0, None)):
+        assert tuning_refused(empty) == "had no request answered with two tokens or more"
 
 
 def test_the_tuning_rate_is_no_more_than_the_sweep_completed() -> None:
@@ -268,23 +282,28 @@ def test_the_tuning_rate_is_no_more_than_the_sweep_completed() -> None:
     host (API server and client too) could: the tuning run's rate is a share of the lesser."""
     quiet = fit(*samples(), CONFIG)
     fitted = load_rate(quiet)
-    sweep = {"steps": [{"requests_per_s": 1.0}, {"requests_per_s": 2.5}, {"requests_per_s": 2.0}]}
-    assert load_rate(quiet, sweep) == round(0.4 * 2.5, 2) < fitted
-    roomy = {"steps": [{"requests_per_s": 1e6}]}
-    assert load_rate(quiet, roomy) == fitted == load_rate(quiet, {"steps": []})
+
+    def sweep(*completed: float) -> Sweep:
+        steps = [{"concurrency": 2**i, "requests_per_s": r} for i, r in enumerate(completed)]
+        return Sweep.model_validate({"steps": steps})
+
+    assert load_rate(quiet, sweep(1.0, 2.5, 2.0)) == round(0.4 * 2.5, 2) < fitted
+    assert load_rate(quiet, sweep(1e6)) == fitted == load_rate(quiet, sweep())
 
 
 def test_a_sweep_whose_answers_came_in_bursts_is_refused() -> None:
     """The batch sweep beside a CPU hog (concurrency 1 and 8 as measured): TPOT p50 a
     fraction of the answers' time from first token to last."""
-    starved = {"steps": [
+    starved = Sweep.model_validate({"steps": [
         {"concurrency": 1, "tpot_s": {"p50": 5.8e-05}, "ttft_s": {"p50": 0.158},
          "e2e_s": {"p50": 0.222}},
         {"concurrency": 8, "tpot_s": {"p50": 0.000146}, "ttft_s": {"p50": 0.405},
          "e2e_s": {"p50": 0.795}},
-    ]}  # fmt: skip
+    ]})  # fmt: skip
     why = bursts(starved)
     assert why is not None and "concurrency 1" in why and "0.06 ms against 1.02 ms" in why
-    steady = {"steps": [{"concurrency": 4, "tpot_s": {"p50": 0.0049}, "ttft_s": {"p50": 0.05},
-                         "e2e_s": {"p50": 0.36}}]}  # fmt: skip
+    steady = Sweep.model_validate({"steps": [
+        {"concurrency": 4, "tpot_s": {"p50": 0.0049}, "ttft_s": {"p50": 0.05},
+         "e2e_s": {"p50": 0.36}},
+    ]})  # fmt: skip
     assert bursts(steady) is None

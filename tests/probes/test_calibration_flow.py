@@ -12,7 +12,13 @@ from sqlalchemy import Engine
 
 from planner.errors import TargetError
 from planner.simulate import SimRequest, simulate
-from planner.simulate.calibrate import LOAD_PARAMS, LOAD_TRIES, SWEEP_CONTEXT, load_rate
+from planner.simulate.calibrate import (
+    LOAD_PARAMS,
+    LOAD_TRIES,
+    SWEEP_CONTEXT,
+    Sweep,
+    load_rate,
+)
 from planner.simulate.whatif import traffic
 from planner.workload import Arrival, FixedProfile
 from probes.kinds import calibration
@@ -94,7 +100,9 @@ def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) 
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     first = engine.rates()[0]
     quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0})
-    assert first == load_rate(quiet, engine.sweep())  # what the quiet fit and the sweep allow
+    assert first == load_rate(
+        quiet, Sweep.model_validate(engine.sweep())
+    )  # what the quiet fit and the sweep allow
     assert engine.rates() == [first, round(first / 2, 2), round(round(first / 2, 2) / 2, 2)]
     assert len(engine.said) == 2 and all("again at half the rate" in s for s in engine.said)
     assert f"at {first:g} req/s it queued" in engine.said[0]
