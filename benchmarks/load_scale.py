@@ -11,22 +11,18 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
-from benchmarks.simulator import ENGINE
+from benchmarks.simulator import ENGINE, probe_runner, started_config
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_SHARE,
-    PREFILL_PARAMS,
     SWEEP_CONTEXT,
-    SWEEP_PARAMS,
-    Sweep,
+    LoadRun,
     load_rate,
-    quiet_fit,
     tune,
 )
 from planner.simulate.whatif import replay
-from probes.engine.spec import engine_config, parse_spec
+from probes.kinds import calibration
 from storage import queries as q
 from tests.support import injection
 
@@ -37,22 +33,10 @@ def main() -> None:
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     started = time.time()
     with injection.diag_worker(venv, ENGINE) as (worker, request):
-
-        def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            done = request(kind, target=injection.NAME, timeout=900, **params)
-            if done.status != "done":
-                raise SystemExit(f"the {kind} ended {done.status}: {done.error}")
-            return done.id, done.summary
-
-        spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
-        config = engine_config(spec, worker.settings.data_dir)
-        _, summary = run("batch_sweep", dict(SWEEP_PARAMS))
-        sweep = Sweep.model_validate(summary)
-        prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
-        frame = q.run_records(worker.store, prefill_id)
-        quiet = quiet_fit(sweep, zip(frame["prompt_tokens"], frame["ttft_s"], strict=True), config)
-        capacity = load_rate(quiet, sweep) / LOAD_SHARE
-        print(quiet.describe(), f"; capacity basis {capacity:.2f} req/s", flush=True)
+        run = probe_runner(request)
+        fitted, sweep = calibration.quiet(worker.store, run, started_config(worker))
+        capacity = load_rate(fitted, sweep) / LOAD_SHARE
+        print(fitted.describe(), f"; capacity basis {capacity:.2f} req/s", flush=True)
         print("| share | rate/s | out tokens/s | TTFT p50 ms | TPOT p50 ms | queue mean ms "
               "| step scale | API ms |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
@@ -61,9 +45,9 @@ def main() -> None:
             rate = round(share * capacity, 2)
             run_id, s = run("latency", dict(LOAD_PARAMS, rate=rate))
             requests = replay(q.replayable(worker.store, run_id))
-            tuned = tune(quiet, requests, rate, s["tpot_s"]["p50"], s["ttft_s"]["p50"])
+            tuned = tune(fitted, requests, rate, s["tpot_s"]["p50"], s["ttft_s"]["p50"])
             found.setdefault(share, []).append(tuned.load_scale)
-            queue = ((s.get("engine") or {}).get("queue_time") or {}).get("mean")
+            queue = LoadRun.model_validate(s).queue_mean_s
             print(f"| {share:g} | {rate:g} | {rate * SWEEP_CONTEXT[1]:,.0f} | "
                   f"{s['ttft_s']['p50'] * 1000:,.0f} | {s['tpot_s']['p50'] * 1000:.2f} | "
                   f"{'-' if queue is None else f'{queue * 1000:,.0f}'} | "

@@ -63,17 +63,29 @@ WORKLOADS: list[tuple[str, dict[str, Any], float, str, float, bool]] = [
 TARGETS = {"ttft_p50": 0.10, "tpot_p50": 0.10, "ttft_p99": 0.20, "e2e_p99": 0.10, "preempt": 0.25}
 
 
-def calibrate(worker: Worker, request: injection.Request) -> Calibration:
-    """As `kvscope simulate calibrate` does: a quiet fit, then tuned on one open-loop run."""
+def probe_runner(request: injection.Request, what: str = "the") -> calibration.RunProbe:
+    """Runs one probe on the benchmark's engine and waits for it; stops the benchmark, saying
+    why, when it does not end done."""
 
     def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         done = request(kind, target=injection.NAME, timeout=900, **params)
         if done.status != "done":
-            raise SystemExit(f"the calibration's {kind} ended {done.status}: {done.error}")
+            raise SystemExit(f"{what} {kind} ended {done.status}: {done.error}")
         return done.id, done.summary
 
+    return run
+
+
+def started_config(worker: Worker) -> EngineConfig:
+    """The simulator's view of the engine the benchmark started."""
     spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
-    return calibration.calibrate(worker.store, run, engine_config(spec, worker.settings.data_dir))
+    return engine_config(spec, worker.settings.data_dir)
+
+
+def calibrate(worker: Worker, request: injection.Request) -> Calibration:
+    """As `kvscope simulate calibrate` does: a quiet fit, then tuned on one open-loop run."""
+    run = probe_runner(request, "the calibration's")
+    return calibration.calibrate(worker.store, run, started_config(worker))
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:
@@ -165,9 +177,8 @@ def measure(
 ) -> dict[str, Any] | None:
     """Run one workload on the engine, predict it, print its rows; the run's summary."""
     name, profile, share, arrival, cv, _ = workload
-    spec = parse_spec(q.get_started_spec(worker.store, injection.NAME) or {})
     scenario = Scenario(
-        config=engine_config(spec, worker.settings.data_dir),
+        config=started_config(worker),
         cost=cal.cost(),
         profile=parse_profile(profile),
         requests=400,

@@ -34,10 +34,9 @@ from storage import queries as q
 RunProbe = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
-def calibrate(
-    store: Engine, run: RunProbe, engine: EngineConfig, say: Callable[[str], None] = print
-) -> Calibration:
-    """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
+def quiet(store: Engine, run: RunProbe, engine: EngineConfig) -> tuple[Calibration, Sweep]:
+    """The calibration's quiet fit (a batch sweep and lone requests measured through `run`),
+    and the sweep it read."""
     _, summary = run("batch_sweep", dict(SWEEP_PARAMS))
     sweep = Sweep.model_validate(summary)
     if why := bursts(sweep):
@@ -48,8 +47,15 @@ def calibrate(
     prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
     frame = q.run_records(store, prefill_id)
     lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
-    quiet = quiet_fit(sweep, lone, engine)
-    rate = load_rate(quiet, sweep)
+    return quiet_fit(sweep, lone, engine), sweep
+
+
+def calibrate(
+    store: Engine, run: RunProbe, engine: EngineConfig, say: Callable[[str], None] = print
+) -> Calibration:
+    """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
+    fitted, sweep = quiet(store, run, engine)
+    rate = load_rate(fitted, sweep)
     refused: list[str] = []
     for _ in range(LOAD_TRIES):
         load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate))
@@ -57,7 +63,7 @@ def calibrate(
         why = tuning_refused(loaded)
         if why is None and loaded.tpot_s.p50 is not None and loaded.ttft_s.p50 is not None:
             return tune(
-                quiet,
+                fitted,
                 replay(q.replayable(store, load_id)),
                 rate,
                 loaded.tpot_s.p50,
