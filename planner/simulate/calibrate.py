@@ -120,6 +120,12 @@ class LoadRun(_Read):
     engine: _EngineQueue | None = None
 
     @property
+    def medians(self) -> tuple[float, float] | None:
+        """(TPOT p50, TTFT p50), what a tune fits to; None when no request had two tokens."""
+        tpot, ttft = self.tpot_s.p50, self.ttft_s.p50
+        return None if tpot is None or ttft is None else (tpot, ttft)
+
+    @property
     def queue_mean_s(self) -> float | None:
         queue = self.engine.queue_time if self.engine is not None else None
         return queue.mean if queue is not None else None
@@ -383,9 +389,9 @@ LOAD_TRIES = 3
 
 def tuning_refused(run: LoadRun) -> str | None:
     """Why an open-loop run cannot be tuned on, or None."""
-    queue, ttft = run.queue_mean_s, run.ttft_s.p50
-    if ttft is None or run.tpot_s.p50 is None:
+    if run.medians is None:
         return "had no request answered with two tokens or more"
+    queue, ttft = run.queue_mean_s, run.medians[1]
     if queue is not None and ttft and queue >= QUEUED_SHARE * ttft:
         return (
             f"queued: {queue * 1000:,.0f} ms in the engine's queue on average against a TTFT "

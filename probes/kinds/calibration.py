@@ -61,13 +61,12 @@ def calibrate(
         load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate))
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
-        if why is None and loaded.tpot_s.p50 is not None and loaded.ttft_s.p50 is not None:
+        if why is None and loaded.medians is not None:  # (refused without them)
             return tune(
                 fitted,
                 replay(q.replayable(store, load_id)),
                 rate,
-                loaded.tpot_s.p50,
-                loaded.ttft_s.p50,
+                *loaded.medians,
                 q.replayed_latencies(store, load_id),
             )
         refused.append(f"at {rate:g} req/s it {why}")
