@@ -8,18 +8,18 @@ others (the calibration tunes on one run at LOAD_SHARE).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
 
-from benchmarks.simulator import ENGINE, probe_runner, started_config
+from benchmarks.simulator import ENGINE, probe_runner, started_config, tuned_on
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_SHARE,
     SWEEP_CONTEXT,
     LoadRun,
     load_rate,
-    tune,
 )
 from planner.simulate.whatif import replay
 from probes.kinds import calibration
@@ -45,11 +45,13 @@ def main() -> None:
             rate = round(share * capacity, 2)
             run_id, s = run("latency", dict(LOAD_PARAMS, rate=rate))
             requests = replay(q.replayable(worker.store, run_id))
-            tuned = tune(fitted, requests, rate, s["tpot_s"]["p50"], s["ttft_s"]["p50"])
+            tuned = tuned_on(fitted, requests, rate, s)
             found.setdefault(share, []).append(tuned.load_scale)
-            queue = LoadRun.model_validate(s).queue_mean_s
+            loaded = LoadRun.model_validate(s)
+            tpot, ttft = loaded.medians or (math.nan, math.nan)  # (tuned_on refuses None)
+            queue = loaded.queue_mean_s
             print(f"| {share:g} | {rate:g} | {rate * SWEEP_CONTEXT[1]:,.0f} | "
-                  f"{s['ttft_s']['p50'] * 1000:,.0f} | {s['tpot_s']['p50'] * 1000:.2f} | "
+                  f"{ttft * 1000:,.0f} | {tpot * 1000:.2f} | "
                   f"{'-' if queue is None else f'{queue * 1000:,.0f}'} | "
                   f"x{tuned.load_scale:.2f} | {tuned.request_s * 1000:+.0f} |",
                   flush=True)  # fmt: skip

@@ -12,9 +12,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.simulator import ENGINE, SMALL_KV, WORKLOADS, probe_runner, started_config
+from benchmarks.simulator import (
+    ENGINE,
+    SMALL_KV,
+    WORKLOADS,
+    probe_runner,
+    started_config,
+    tuned_on,
+)
 from planner.simulate import simulate
-from planner.simulate.calibrate import tune
 from planner.simulate.whatif import replay
 from probes.kinds import calibration
 from storage import queries as q
@@ -45,7 +51,7 @@ def main() -> None:
         measured = q.replayed_latencies(worker.store, run_id)
         t0 = rows[0][0]
         requests = replay(rows)
-        own = tune(fitted, requests, args.rate, s["tpot_s"]["p50"], s["ttft_s"]["p50"])
+        own = tuned_on(fitted, requests, args.rate, s)
         results = {id(r.request): r for r in simulate(requests, config, own.cost())}
         target = q.get_target(worker.store, injection.NAME).id
         end = t0 + max(r.arrival_s + e2e for r, (_, e2e) in zip(requests, measured, strict=True))
