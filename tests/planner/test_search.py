@@ -15,7 +15,7 @@ from planner.simulate import EngineConfig, StepCost
 from planner.simulate.search import MAX_POINTS, guided, run
 from planner.simulate.whatif import Scenario, SloBounds, capacity_rps, max_rate, meets, predict
 from planner.workload import FixedProfile
-from tests.support.capacity import TOLERANCE, Point, grid_answer, replayed
+from tests.support.capacity import TOLERANCE, Point, below_first_break, grid_answer, replayed
 
 COST = StepCost(0.002, 0.010, 2e-7, 2e-5)
 CONFIG = EngineConfig(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048)
@@ -66,10 +66,9 @@ def test_on_the_cpu_engines_measured_grid_six_points_land_within_five_percent(of
     doc = json.loads(GRID.read_text())
     points = [Point(p["rate"], p["held"], p["slo_share"]) for p in doc["grid"]]
     best = grid_answer(points)
-    first_break = next(i for i, p in enumerate(points) if not p.held)
-    below = points[first_break - 1].rate
+    below = below_first_break(points)
     found = replayed(doc["predicted_rps"] * off, points)
     assert (best, below) == (5.933, 5.485)
     assert found.points <= MAX_POINTS and found.held is not None
-    truth = 5.933 if off == 1.0 else below
+    truth = 5.933 if off == 1.0 else 5.485
     assert abs(found.held / truth - 1) <= TOLERANCE

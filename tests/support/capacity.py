@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,27 +85,72 @@ class Point:
     on_time: bool = True
 
 
+def pinned(request: Request, target: str, rate: float, duration_s: float) -> Point:
+    """One rate measured by the capacity probe pinned to it (no search): the verdict each
+    step of its search gets."""
+    s = _capacity(request, target, duration_s, start_rate=rate, max_rate=rate, iterations=0)
+    (step,) = s.steps
+    return Point(rate, step.passed, step.slo_share, step.trustworthy)
+
+
 def grid(
     request: Request, target: str, rates: list[float], duration_s: float, extend: int = 4
 ) -> list[Point]:
-    """Each rate measured by the capacity probe pinned to it (no search), lowest first; then
-    up to `extend` rates more at each end, the ladder's step apart, until the lowest rate
-    held and the two highest broke (the grid holds every verdict a search could meet)."""
+    """Each rate measured pinned, lowest first, then extended at its ends (`extended`)."""
+    points = [pinned(request, target, rate, duration_s) for rate in rates]
+    return extended(request, target, points, duration_s, extend)
 
-    def measure(rate: float) -> Point:
-        s = _capacity(request, target, duration_s, start_rate=rate, max_rate=rate, iterations=0)
-        (step,) = s.steps
-        return Point(rate, step.passed, step.slo_share, step.trustworthy)
 
-    points = [measure(rate) for rate in rates]
-    step = rates[1] / rates[0] if len(rates) > 1 else 1.05
+def extended(
+    request: Request, target: str, points: list[Point], duration_s: float, extend: int = 4
+) -> list[Point]:
+    """A grid, lowest rate first, with up to `extend` rates more at each end, the ladder's
+    step apart, until the lowest rate held and the two highest broke (the grid then holds
+    every verdict a search could meet)."""
+    points = list(points)
+    step = points[1].rate / points[0].rate if len(points) > 1 else 1.05
     for _ in range(extend):
         if any(p.held for p in points[-2:]):
-            points.append(measure(round(points[-1].rate * step, 3)))
+            points.append(pinned(request, target, round(points[-1].rate * step, 3), duration_s))
     for _ in range(extend):
         if not points[0].held:
-            points.insert(0, measure(round(points[0].rate / step, 3)))
+            points.insert(0, pinned(request, target, round(points[0].rate / step, 3), duration_s))
     return points
+
+
+def interleaved(
+    request: Request,
+    target: str,
+    predicted: float,
+    rates: list[float],
+    duration_s: float,
+    between: int = 3,
+    seed: int = 0,
+) -> tuple[list[Point], list[Point]]:
+    """The capacity probe's search from `predicted` and the grid over `rates`, measured in
+    one sequence: after each rate the search measures, `between` of the grid's in a
+    shuffled order. Minutes apart the engine's capacity on a shared machine moves by more
+    than the tolerance; interleaved, a drift of the host falls on both alike. Returns the
+    search's points in the order measured and the grid, lowest rate first."""
+    order = list(rates)
+    random.Random(seed).shuffle(order)
+    measured: dict[float, Point] = {}
+
+    def more_grid(n: int) -> None:
+        for rate in order[len(measured) : len(measured) + n]:
+            measured[rate] = pinned(request, target, rate, duration_s)
+
+    steps: list[Point] = []
+
+    def holds(rate: float) -> bool:
+        steps.append(pinned(request, target, round(rate, 3), duration_s))
+        more_grid(between)
+        return steps[-1].held
+
+    search.run(predicted, holds)
+    more_grid(len(order))
+    points = [measured[rate] for rate in sorted(measured)]
+    return steps, extended(request, target, points, duration_s)
 
 
 def ladder(low: float, high: float, step: float) -> list[float]:
@@ -116,6 +162,14 @@ def ladder(low: float, high: float, step: float) -> list[float]:
 def grid_answer(points: list[Point]) -> float | None:
     """What the exhaustive grid finds: the highest rate at which the SLO held."""
     held = [p.rate for p in points if p.held]
+    return max(held) if held else None
+
+
+def below_first_break(points: list[Point]) -> float | None:
+    """A stricter reading of the grid: the highest rate that held below the lowest that
+    broke (a verdict that flips back above a break is the window's noise, not capacity)."""
+    broke = [p.rate for p in points if not p.held]
+    held = [p.rate for p in points if p.held and (not broke or p.rate < min(broke))]
     return max(held) if held else None
 
 
