@@ -3,8 +3,8 @@ predicts the highest rate meeting an SLO; the capacity probe searches around tha
 prediction (at most six measured rates); an exhaustive grid of measured rates says where
 the answer is. Prints the prediction, the search's points, the grid, and how far apart.
 
-    .venv/bin/python -m benchmarks.capacity_search                   # ~15 min
-    .venv/bin/python -m benchmarks.capacity_search --rounds 2
+    .venv/bin/python -m benchmarks.capacity_search                   # ~9 min
+    .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~15 min
     .venv/bin/python -m benchmarks.capacity_search --order sequential
 
 Interleaved (the default), the search's rates and the grid's (shuffled) are measured in one
