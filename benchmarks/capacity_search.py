@@ -52,7 +52,7 @@ def main() -> None:
                 )
             else:
                 found = capacity.guided(request, injection.NAME, predicted, args.duration)
-                steps = [Point(s.rate, s.passed, s.slo_share, s.trustworthy) for s in found.steps]
+                steps = [Point.of(s) for s in found.steps]
                 points = capacity.grid(request, injection.NAME, rates, args.duration)
             tried = ", ".join(f"{p.rate:g} {'held' if p.held else 'broke'}" for p in steps)
             got = max((p.rate for p in steps if p.held), default=None)

@@ -8,18 +8,18 @@ others (the calibration tunes on one run at LOAD_SHARE).
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
 
-from benchmarks.simulator import ENGINE, probe_runner, started_config, tuned_on
+from benchmarks.simulator import ENGINE, medians, probe_runner, started_config
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_SHARE,
     SWEEP_CONTEXT,
     LoadRun,
     load_rate,
+    tune,
 )
 from planner.simulate.whatif import replay
 from probes.kinds import calibration
@@ -45,10 +45,10 @@ def main() -> None:
             rate = round(share * capacity, 2)
             run_id, s = run("latency", dict(LOAD_PARAMS, rate=rate))
             requests = replay(q.replayable(worker.store, run_id))
-            tuned = tuned_on(fitted, requests, rate, s)
-            found.setdefault(share, []).append(tuned.load_scale)
             loaded = LoadRun.model_validate(s)
-            tpot, ttft = loaded.medians or (math.nan, math.nan)  # (tuned_on refuses None)
+            tpot, ttft = medians(loaded, rate)
+            tuned = tune(fitted, requests, rate, tpot, ttft)
+            found.setdefault(share, []).append(tuned.load_scale)
             queue = loaded.queue_mean_s
             print(f"| {share:g} | {rate:g} | {rate * SWEEP_CONTEXT[1]:,.0f} | "
                   f"{ttft * 1000:,.0f} | {tpot * 1000:.2f} | "

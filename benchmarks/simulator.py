@@ -28,7 +28,7 @@ from typing import Any
 from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
-from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
+from planner.simulate import EngineConfig, EngineStats, simulate
 from planner.simulate.calibrate import Calibration, LoadRun, tune
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
@@ -82,14 +82,12 @@ def started_config(worker: Worker) -> EngineConfig:
     return engine_config(spec, worker.settings.data_dir)
 
 
-def tuned_on(
-    fitted: Calibration, requests: list[SimRequest], rate: float, summary: dict[str, Any]
-) -> Calibration:
-    """`fitted` tuned on a latency run (its summary, read as the calibration reads it)."""
-    medians = LoadRun.model_validate(summary).medians
-    if medians is None:
+def medians(loaded: LoadRun, rate: float) -> tuple[float, float]:
+    """A latency run's (TPOT p50, TTFT p50), what a tune fits to; stops the benchmark when
+    no request had two tokens."""
+    if loaded.medians is None:
         raise SystemExit(f"the run at {rate:g} req/s had no request with two tokens to tune on")
-    return tune(fitted, requests, rate, *medians)
+    return loaded.medians
 
 
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
@@ -214,7 +212,7 @@ def measure(
     bare = predict(replace(scenario, noise=(), speed=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run), the host's noise kept.
-    own = tuned_on(cal, traffic, rate, run.summary)
+    own = tune(cal, traffic, rate, *medians(LoadRun.model_validate(run.summary), rate))
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _Summary(_medians([predict(tuned, rate, seed, requests=traffic) for seed in SEEDS]))
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]

@@ -20,7 +20,7 @@ from typing import Any
 
 from planner.simulate import search
 from planner.simulate.search import Bracket
-from probes.kinds.capacity import Result
+from probes.kinds.capacity import Result, Step
 from tests.support.cli import kvscope
 
 # Whole 256-token prompts and 128-token answers, evenly spaced: the diag engine's four slots
@@ -84,13 +84,18 @@ class Point:
     share: float | None
     on_time: bool = True
 
+    @classmethod
+    def of(cls, step: Step) -> Point:
+        """A capacity probe's step as a grid point."""
+        return cls(step.rate, step.passed, step.slo_share, step.trustworthy)
+
 
 def pinned(request: Request, target: str, rate: float, duration_s: float) -> Point:
     """One rate measured by the capacity probe pinned to it (no search): the verdict each
     step of its search gets."""
     s = _capacity(request, target, duration_s, start_rate=rate, max_rate=rate, iterations=0)
     (step,) = s.steps
-    return Point(rate, step.passed, step.slo_share, step.trustworthy)
+    return Point.of(step)
 
 
 def grid(
