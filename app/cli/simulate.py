@@ -1,5 +1,6 @@
 """`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it;
-`kvscope simulate calibrate --target NAME`: fit the step cost to an engine kvscope manages.
+`kvscope simulate calibrate --target NAME`: fit the step cost to an engine kvscope manages
+(`--retune`: make only the fit's open-loop run again, when the machine's speed has moved).
 
 A Typer group whose callback simulates when no subcommand is given; app/cli/__init__.py
 registers it as `simulate`. Scenarios come from `planner.simulate.setup` (the same ones the
@@ -139,7 +140,9 @@ def simulate(
             raise InvalidInput(f"--profile is not valid JSON: {exc.msg}") from exc
     settings = parse_settings(set_ or ())
     if target is not None:
-        what = calibrated_scenario(_stored_calibration(target), settings, loaded, slo)
+        what = calibrated_scenario(
+            _stored_calibration(target), settings, loaded, slo, now=time.time()
+        )
         title, accounting = f"target {target} (calibrated)", None
     else:
         assert model is not None and gpu is not None
@@ -204,13 +207,19 @@ def _stored_calibration(target: str) -> Calibration:
 def calibrate(
     target: str = typer.Option(..., "--target", help="A managed engine's target name."),
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON."),
+    retune: bool = typer.Option(
+        False,
+        "--retune",
+        help="Keep the stored quiet fit and make only its open-loop run again (under a "
+        "minute): the machine's speed under load moves with time.",
+    ),
 ) -> None:
     """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, one
     open-loop run: a few minutes) and fit the simulator's step cost to it; stored for
     `--target`."""
     from probes.engine.spec import engine_config, parse_spec
     from probes.kinds import KINDS
-    from probes.kinds.calibration import calibrate as measure_and_fit
+    from probes.kinds import calibration as measurements
     from storage import queries as q
     from storage.db import open_store
 
@@ -226,19 +235,29 @@ def calibrate(
         started = q.get_started_spec(store, known.name)
         spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
         engine = engine_config(spec, config.data_dir)
-        fitted = measure_and_fit(
-            store,
-            lambda kind, params: run_local_probe(KINDS[kind], target, params),
-            engine,
-            say=lambda line: typer.echo(line, err=True),
-        ).model_copy(update={"target": target, "fitted_at": time.time()})
+
+        def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            return run_local_probe(KINDS[kind], target, params)
+
+        def say(line: str) -> None:
+            typer.echo(line, err=True)
+
+        if retune:
+            stored = _stored_calibration(target)
+            fitted = measurements.retune(store, run, stored, engine, say=say)
+            fitted = fitted.model_copy(update={"tuned_at": time.time()})
+        else:
+            now = time.time()
+            fitted = measurements.calibrate(store, run, engine, say=say).model_copy(
+                update={"target": target, "fitted_at": now, "tuned_at": now}
+            )
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:
         store.dispose()
     if as_json:
         typer.echo(fitted.model_dump_json(indent=2))
         return
-    typer.echo(fitted.describe())
+    typer.echo(fitted.describe(time.time()))
     typer.echo(
         f"quiet step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a "
         f"token + {fitted.seq_s * 1e6:.0f} us a sequence + {fitted.pair_s * 1e9:.1f} ns an "

@@ -8,6 +8,7 @@ known of that source's error.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import streamlit as st
@@ -251,7 +252,9 @@ def render() -> None:
     )
     if calibration:
         cal = Calibration.model_validate_json(calibration)
-        st.caption(f"Step cost: {cal.describe()}. Past those, a prediction is an extrapolation.")
+        st.caption(
+            f"Step cost: {cal.describe(time.time())}. Past those, a prediction is an extrapolation."
+        )
     else:
         st.caption(SOURCE_NOTE)
     with st.expander("The same from a shell"):

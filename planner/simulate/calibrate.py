@@ -203,7 +203,8 @@ class Calibration(BaseModel):
     max_prompt: int
     max_batch: int
     engine: dict[str, int | bool] = Field(default_factory=dict)  # the EngineConfig fitted on
-    fitted_at: float | None = None
+    fitted_at: float | None = None  # the quiet fit's time (Unix seconds)
+    tuned_at: float | None = None  # the tune's: `kvscope simulate calibrate --retune` moves it
     target: str | None = None
     # Under open-loop load, steps ran `load_scale` times as long as the quiet measurements
     # say and the API took `load_api_s` more (one workload's run, `tune`); 1 and 0 untuned.
@@ -241,7 +242,9 @@ class Calibration(BaseModel):
         """The engine settings it was fitted on."""
         return EngineConfig(**self.engine)  # type: ignore[arg-type]
 
-    def describe(self) -> str:
+    def describe(self, now: float | None = None) -> str:
+        """What it was fitted on and how well; with `now`, how long ago it was measured (the
+        machine's speed moves with time, docs/simulator.md)."""
         tuned = (
             f"; under load (an open-loop run at {self.tuned_rate:g} req/s) steps x"
             f"{self.load_scale:.2f} and the API {self.load_api_s * 1000:+.0f} ms"
@@ -260,12 +263,27 @@ class Calibration(BaseModel):
                 f", host speed x{low:.2f} to x{high:.2f} over {len(self.speed)} windows of "
                 f"{SPEED_WINDOW_S:g} s"
             )
+        if now is not None and self.fitted_at is not None:
+            tuned += f"; fitted {_ago(now - self.fitted_at)}"
+            if self.tuned_at is not None and abs(self.tuned_at - self.fitted_at) > 60:
+                tuned += f", tuned {_ago(now - self.tuned_at)}"
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
             f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
             f"percentile); prompts up to {self.max_prompt:,} tokens, batches up to "
             f"{self.max_batch}{tuned}"
         )
+
+
+def _ago(seconds: float) -> str:
+    minutes = max(seconds, 0.0) / 60
+    if minutes < 1:
+        return "under a minute ago"
+    if minutes < 120:
+        return f"{minutes:.0f} min ago"
+    if minutes < 48 * 60:
+        return f"{minutes / 60:.0f} h ago"
+    return f"{minutes / 1440:.0f} days ago"
 
 
 def _prefill_row(prompt: int, config: EngineConfig) -> list[float]:

@@ -185,9 +185,11 @@ def calibrated_scenario(
     settings: Settings,
     profile: str | Mapping[str, Any] | None = None,
     slo: SloBounds | None = None,
+    now: float | None = None,
 ) -> Scenario:
     """The scenario of an engine kvscope calibrated: its fitted step cost and its settings,
-    with scheduling limits and the block count changed where `settings` sets them."""
+    with scheduling limits and the block count changed where `settings` sets them; `now`
+    puts the calibration's age in the source."""
     given = settings.model_fields_set
     fixed = given - set(SCHEDULING) - TRAFFIC - {"num_gpu_blocks_override"}
     if fixed:
@@ -213,7 +215,7 @@ def calibrated_scenario(
         arrival=settings.arrival,
         cv=settings.cv,
         slo=slo,
-        source=calibration.describe(),
+        source=calibration.describe(now),
         api_s=calibration.request_s,
         residuals=(calibration.residual_low, calibration.residual_high),
         calibrated_prompt=calibration.max_prompt,

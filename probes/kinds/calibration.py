@@ -1,17 +1,19 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
 open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
-while it queued (`planner.simulate.calibrate.tuning_refused`). A sweep whose answers reached
-the client in bursts is refused (`bursts`): its timings say nothing of the engine's steps."""
+while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune alone
+again. A sweep whose answers reached the client in bursts is refused (`bursts`): its timings
+say nothing of the engine's steps."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
 
-from planner.errors import TargetError
+from planner.errors import InvalidInput, TargetError
 from planner.simulate import EngineConfig
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
@@ -55,10 +57,52 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     fitted, sweep = quiet(store, run, engine)
-    rate = load_rate(fitted, sweep)
+    return _tuned(store, run, fitted, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
+
+
+def retune(
+    store: Engine,
+    run: RunProbe,
+    stored: Calibration,
+    engine: EngineConfig,
+    say: Callable[[str], None] = print,
+    seed: int | None = None,
+) -> Calibration:
+    """The stored calibration's quiet fit tuned again on one new open-loop run at the rate it
+    was tuned at (under a minute, where the whole calibration takes several): a shared
+    machine's speed moves by more within an hour than the simulator's own error
+    (docs/simulator.md). Refused when `engine` is not the engine the quiet fit was made on.
+    Its prompts are new (`seed`, by default from the clock): the calibration's own again
+    would meet vLLM's prefix cache and read fast."""
+    changed = [
+        f"{key} {value} (fitted on {stored.engine[key]})"
+        for key, value in ((k, getattr(engine, k)) for k in stored.engine)
+        if value != stored.engine[key]
+    ]
+    if changed:
+        raise InvalidInput(
+            "the engine changed since its calibration: "
+            + ", ".join(changed)
+            + "; calibrate it anew (without --retune)"
+        )
+    rate = stored.tuned_rate or load_rate(stored)
+    seed = time.time_ns() % 2**31 if seed is None else seed
+    return _tuned(store, run, stored, rate, seed, say)
+
+
+def _tuned(
+    store: Engine,
+    run: RunProbe,
+    fitted: Calibration,
+    rate: float,
+    seed: int,
+    say: Callable[[str], None],
+) -> Calibration:
+    """`fitted` tuned on an open-loop run at `rate`, made again at half the rate, with
+    prompts of its own (`seed` + try), while it queued."""
     refused: list[str] = []
-    for _ in range(LOAD_TRIES):
-        load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate))
+    for attempt in range(LOAD_TRIES):
+        load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate, seed=seed + attempt))
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
         if why is None and loaded.medians is not None:  # (refused without them)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +82,21 @@ def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
     missing = kvscope("simulate", "--target", "cpu", "--rate", "1", env_dir=tmp_path)
     assert missing.returncode == 2 and "kvscope simulate calibrate --target cpu" in missing.stderr
     decodes, prefills = samples(noise=0.05)
-    cal = fit(decodes, prefills, CONFIG).model_copy(update={"target": "cpu"})
+    cal = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": time.time() - 3 * 3600}
+    )
     q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
     args = ("simulate", "--target", "cpu", "--rate", "2", "--set", "num_requests=200")
     res = kvscope(*args, "--set", "max_num_seqs=4", "--json", env_dir=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["source"].startswith("calibrated on cpu from 10 measurements")
+    assert doc["source"].endswith("; fitted 3 h ago")  # a prediction says how old its fit is
     assert doc["kv_blocks"] == CONFIG.num_blocks and doc["ttft_s"]["p50"] > cal.api_s
     refused = kvscope(*args, "--set", "kv_cache_dtype=fp8", env_dir=tmp_path)
     assert refused.returncode == 2 and "kv_cache_dtype cannot change" in refused.stderr
     both = kvscope(*args, "-m", "llama-3.1-8b", "-g", "l4", env_dir=tmp_path)
     assert both.returncode == 2 and "--target" in both.stderr
-    unmanaged = kvscope("simulate", "calibrate", "--target", "cpu", env_dir=tmp_path)
-    assert unmanaged.returncode == 2 and "not an engine kvscope manages" in unmanaged.stderr
+    for retune in ((), ("--retune",)):
+        unmanaged = kvscope("simulate", "calibrate", "--target", "cpu", *retune, env_dir=tmp_path)
+        assert unmanaged.returncode == 2 and "not an engine kvscope manages" in unmanaged.stderr

@@ -307,3 +307,17 @@ def test_a_sweep_whose_answers_came_in_bursts_is_refused() -> None:
          "e2e_s": {"p50": 0.36}},
     ]})  # fmt: skip
     assert bursts(steady) is None
+
+
+def test_a_calibration_says_how_long_ago_it_was_fitted_and_tuned() -> None:
+    decodes, prefills = samples()
+    cal = fit(decodes, prefills, CONFIG)
+    now = 1_000_000.0
+    assert "ago" not in cal.describe(now)  # no time on record: nothing claimed
+    old = cal.model_copy(update={"fitted_at": now - 3 * 86400, "tuned_at": now - 3 * 86400})
+    assert old.describe(now).endswith("; fitted 3 days ago")
+    assert "ago" not in old.describe()  # without `now`: no age
+    retuned = old.model_copy(update={"tuned_at": now - 20 * 60})
+    assert retuned.describe(now).endswith("; fitted 3 days ago, tuned 20 min ago")
+    fresh = cal.model_copy(update={"fitted_at": now - 10, "tuned_at": now - 10})
+    assert fresh.describe(now).endswith("; fitted under a minute ago")

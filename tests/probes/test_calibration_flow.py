@@ -1,16 +1,18 @@
 """The calibration's flow (`kvscope simulate calibrate`, the benchmarks): its measurements
-taken through one probe runner, a tuning run that queued made again at half the rate, and
-an engine that cannot be calibrated refused with every reason."""
+taken through one probe runner, a tuning run that queued made again at half the rate, a
+retune that makes the open-loop run alone again, and an engine that cannot be calibrated
+refused with every reason."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 from sqlalchemy import Engine
 
-from planner.errors import TargetError
+from planner.errors import InvalidInput, TargetError
 from planner.simulate import SimRequest, simulate
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
@@ -34,6 +36,7 @@ class FakeEngine:
 
     def __init__(self, store: Engine, queued: int = 0, bursts: bool = False) -> None:
         self.store, self.queued, self.bursts = store, queued, bursts
+        self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
 
@@ -65,14 +68,22 @@ class FakeEngine:
     def load(self, run_id: int, rate: float) -> dict[str, Any]:
         profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
         n = int(rate * LOAD_PARAMS["duration_s"])
-        ttft, tpot = self.store_requests(run_id, list(traffic(profile, Arrival(rate=rate), n)))
+        arrivals = list(traffic(profile, Arrival(rate=rate), n))
+        ttft, tpot = self.store_requests(run_id, arrivals, self.slow)
         queue_s = 2 * ttft if len(self.rates()) <= self.queued else 0.0
         return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": {"p50": tpot},
                 "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
 
-    def store_requests(self, run_id: int, requests: list[SimRequest]) -> tuple[float, float]:
-        """Store what the simulator with the true cost says of `requests`; their medians."""
-        results = list(simulate(requests, CONFIG, TRUE))
+    def store_requests(
+        self, run_id: int, requests: list[SimRequest], slow: float = 1.0
+    ) -> tuple[float, float]:
+        """Store what the simulator with the true cost (`slow` times it) says of `requests`;
+        their medians."""
+        cost = dataclasses.replace(
+            TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
+            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow,
+        )  # fmt: skip
+        results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
             for seq, r in enumerate(results):
                 assert r.ttft_s is not None and r.e2e_s is not None
@@ -104,6 +115,9 @@ def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) 
         quiet, Sweep.model_validate(engine.sweep())
     )  # what the quiet fit and the sweep allow
     assert engine.rates() == [first, round(first / 2, 2), round(round(first / 2, 2) / 2, 2)]
+    # Each try with prompts of its own: the last try's again would meet the prefix cache.
+    seeds = [p["seed"] for _, p in engine.calls if p.get("profile", {}).get("kind") == "fixed"]
+    assert seeds == [LOAD_PARAMS["seed"] + i for i in range(3)]
     assert len(engine.said) == 2 and all("again at half the rate" in s for s in engine.said)
     assert f"at {first:g} req/s it queued" in engine.said[0]
     # Tuned on the third run, which did not queue: the true cost, nothing added by load.
@@ -127,3 +141,31 @@ def test_a_sweep_that_came_in_bursts_stops_the_calibration_first(store: Engine) 
     with pytest.raises(TargetError, match="bursts"):
         calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     assert [kind for kind, _ in engine.calls] == ["batch_sweep"]
+
+
+def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
+    store: Engine,
+) -> None:
+    engine = FakeEngine(store)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert cal.load_scale == pytest.approx(1.0, abs=0.1)
+    engine.calls.clear()
+    engine.slow = 1.6  # the machine got slower under load since
+    again = calibration.retune(store, engine.run, cal, CONFIG, engine.said.append)
+    # One run, the tuning run at the rate it was tuned at: no sweep, no lone requests.
+    assert [(kind, p.get("rate")) for kind, p in engine.calls] == [("latency", cal.tuned_rate)]
+    assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
+    assert again.load_scale == pytest.approx(1.6, rel=0.1)
+    quiet = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples")
+    assert {k: getattr(again, k) for k in quiet} == {k: getattr(cal, k) for k in quiet}
+    assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
+
+
+def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:
+    engine = FakeEngine(store)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    engine.calls.clear()
+    other = dataclasses.replace(CONFIG, max_num_seqs=16)
+    with pytest.raises(InvalidInput, match=r"max_num_seqs 16 \(fitted on 8\)"):
+        calibration.retune(store, engine.run, cal, other, engine.said.append)
+    assert engine.calls == []  # refused before anything ran
