@@ -254,3 +254,25 @@ def test_the_ab_probe_needs_an_engine_kvscope_manages() -> None:
     )
     with pytest.raises(InvalidInput, match="restarts the engine with each arm's settings"):
         get_kind("ab").admit(params, managed=False)
+
+
+def test_answers_that_came_in_bursts_are_named_beside_the_engine_s_own_tpot() -> None:
+    from probes.kinds.latency import came_in_bursts, notes
+
+    # Streamed: the client's TPOT near the engine's own (it sees a little more, or less
+    # where its median sits under the engine's mean).
+    assert came_in_bursts(0.0035, 0.004) is None
+    assert came_in_bursts(0.0011, 0.004) is None
+    assert came_in_bursts(None, 0.004) is None and came_in_bursts(0.001, None) is None
+    # Whole answers: TPOT p50 0.2 ms where the engine's steps took 4 ms.
+    why = came_in_bursts(0.0002, 0.004)
+    assert why is not None and "0.20 ms against the engine's own mean of 4.00 ms" in why
+    params = parse_params("latency", {"rate": 20, "duration_s": 0.5, "prompt_tokens": 16})
+    with serve(FakeConfig()) as fake:
+        out = asyncio.run(execute(get_kind("latency"), params, Target(fake.url)))
+    assert isinstance(out, Result) and out.bursts is None  # no engine figures: no claim
+    assert "bursts" not in notes(out)[0]
+    assert (
+        "TPOT and ITL: the answers reached the client in bursts"
+        in notes(out.model_copy(update={"bursts": why}))[0]
+    )
