@@ -21,10 +21,7 @@ from app.cli.probe import run_local_probe
 from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_model
-from planner.simulate.calibrate import (
-    CALIBRATION_KEY,
-    Calibration,
-)
+from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
 
@@ -140,10 +137,11 @@ def simulate(
             raise InvalidInput(f"--profile is not valid JSON: {exc.msg}") from exc
     settings = parse_settings(set_ or ())
     if target is not None:
-        what = calibrated_scenario(
-            _stored_calibration(target), settings, loaded, slo, now=time.time()
-        )
+        stored = _stored_calibration(target)
+        what = calibrated_scenario(stored, settings, loaded, slo, now=time.time())
         title, accounting = f"target {target} (calibrated)", None
+        if hint := retune_hint(stored, time.time()):
+            typer.echo(hint, err=True)
     else:
         assert model is not None and gpu is not None
         what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)

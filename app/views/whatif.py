@@ -18,7 +18,7 @@ from app import common
 from app.charts import whatif as charts
 from planner.gpus import catalog, get_gpu
 from planner.models import load_preset, preset_names
-from planner.simulate.calibrate import CALIBRATION_KEY, Calibration
+from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
 from planner.simulate.setup import VARIANTS, Settings, calibrated_scenario, scenario, variant
 from planner.simulate.whatif import RatePoint, SloBounds, max_rate, sweep
 from planner.workload import PRESETS
@@ -255,6 +255,8 @@ def render() -> None:
         st.caption(
             f"Step cost: {cal.describe(time.time())}. Past those, a prediction is an extrapolation."
         )
+        if hint := retune_hint(cal, time.time()):
+            st.info(hint[0].upper() + hint[1:] + ".")
     else:
         st.caption(SOURCE_NOTE)
     with st.expander("The same from a shell"):

@@ -275,6 +275,23 @@ class Calibration(BaseModel):
         )
 
 
+STALE_AFTER_S = 3600.0
+
+
+def retune_hint(calibration: Calibration, now: float) -> str | None:
+    """What to run when the calibration's tune is over STALE_AFTER_S old, or None: on a
+    shared machine the step scale moved from about x1.2 to x2.0 between sessions."""
+    tuned = calibration.tuned_at or calibration.fitted_at
+    if tuned is None or now - tuned <= STALE_AFTER_S:
+        return None
+    name = calibration.target or "NAME"
+    return (
+        f"the step cost was tuned {_ago(now - tuned)}, and a machine's speed under load moves "
+        f"with time: kvscope simulate calibrate --target {name} --retune (under a minute) "
+        "measures it again"
+    )
+
+
 def _ago(seconds: float) -> str:
     minutes = max(seconds, 0.0) / 60
     if minutes < 1:

@@ -92,6 +92,7 @@ def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
     doc = json.loads(res.stdout)
     assert doc["source"].startswith("calibrated on cpu from 10 measurements")
     assert doc["source"].endswith("; fitted 3 h ago")  # a prediction says how old its fit is
+    assert "kvscope simulate calibrate --target cpu --retune" in res.stderr
     assert doc["kv_blocks"] == CONFIG.num_blocks and doc["ttft_s"]["p50"] > cal.api_s
     refused = kvscope(*args, "--set", "kv_cache_dtype=fp8", env_dir=tmp_path)
     assert refused.returncode == 2 and "kv_cache_dtype cannot change" in refused.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -78,13 +79,19 @@ def test_the_tail_chart_draws_p50_p99_the_band_and_the_slo() -> None:
 
 def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
     decodes, prefills = samples(noise=0.05)
-    cal = fit(decodes, prefills, CONFIG).model_copy(update={"target": "cpu"})
+    tuned = time.time() - 2 * 3600
+    cal = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": tuned, "tuned_at": tuned}
+    )
     q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
     at = _run(requests=200, count=3, low=5.0, high=40.0)
     at.selectbox(key="whatif_source").set_value("calibrated on cpu")
     at.run()
     assert not at.exception and not at.error
     assert any(c.value.startswith("Step cost: calibrated on cpu") for c in at.caption)
+    assert any("fitted 2 h ago" in c.value for c in at.caption)
+    # Two hours on, the page says how to measure the load's speed again.
+    assert any("--target cpu --retune" in i.value for i in at.info)
     assert "kvscope simulate --target cpu" in at.code[0].value
     # Its dtype was measured: FP8 KV is not offered beside it.
     assert "FP8 KV cache" not in at.selectbox(key="whatif_variant").options

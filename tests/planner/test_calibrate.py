@@ -23,6 +23,7 @@ from planner.simulate.calibrate import (
     load_rate,
     prefill_samples,
     quiet_fit,
+    retune_hint,
     sweep_prefills,
     tune,
     tuning_refused,
@@ -321,3 +322,9 @@ def test_a_calibration_says_how_long_ago_it_was_fitted_and_tuned() -> None:
     assert retuned.describe(now).endswith("; fitted 3 days ago, tuned 20 min ago")
     fresh = cal.model_copy(update={"fitted_at": now - 10, "tuned_at": now - 10})
     assert fresh.describe(now).endswith("; fitted under a minute ago")
+    # An hour on, the tune is worth making again; a retune makes the hint go.
+    hint = retune_hint(old.model_copy(update={"target": "cpu"}), now)
+    assert hint is not None and "tuned 3 days ago" in hint
+    assert "kvscope simulate calibrate --target cpu --retune" in hint
+    assert retune_hint(retuned, now) is None and retune_hint(fresh, now) is None
+    assert retune_hint(cal, now) is None  # no time on record
