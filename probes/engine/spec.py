@@ -420,6 +420,10 @@ def embedded_spec(settings: Settings) -> EngineSpec:
     model inside its engine-core process): with a separate model worker the engine core
     busy-polls for the worker's results, and on a 2-core machine that starves the API server,
     which then answers metrics scrapes only between requests and streams tokens in bursts.
+
+    Its scheduling limits are vLLM 0.32's own defaults on CPU (128 sequences, 2,048 tokens a
+    step), written out because its startup log does not state them and the simulator's
+    calibration reads them from the spec.
     """
     return EngineSpec(
         name="embedded",
@@ -431,6 +435,8 @@ def embedded_spec(settings: Settings) -> EngineSpec:
         max_model_len=8192,
         kv_cache_memory_bytes=settings.embedded_kv_bytes,
         block_size=32,
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
         enforce_eager=True,
         python=str(settings.engine_venv / "bin" / "python"),
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},

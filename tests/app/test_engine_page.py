@@ -251,7 +251,7 @@ def test_the_page_says_when_the_saved_spec_is_not_what_runs(
     next(n for n in at.number_input if n.label.startswith("Max running")).set_value(6)
     next(b for b in at.button if b.label == "Save spec").click().run()
     warning = next(w.value for w in at.warning if "differs" in w.value)
-    assert "the engine runs" in warning and "max_num_seqs: None → 6" in warning
+    assert "the engine runs" in warning and "max_num_seqs: 128 → 6" in warning
 
 
 def test_a_viewer_sees_the_engine_but_cannot_change_it(
