@@ -30,7 +30,7 @@ from typing import Any
 from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
-from planner.simulate import EngineConfig, EngineStats, simulate
+from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
 from planner.simulate.calibrate import Calibration, LoadRun, tune
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
@@ -221,7 +221,7 @@ def measure(
     simulate calibrate --retune` does, and that prediction shown too: the calibration's
     drift over minutes, not over the whole benchmark."""
     name, profile, share, arrival, cv, _ = workload
-    scenario = Scenario(
+    base = Scenario(
         config=started_config(worker),
         cost=cal.cost(),
         profile=parse_profile(profile),
@@ -229,11 +229,8 @@ def measure(
         arrival=arrival,
         cv=cv,
         source="calibrated",
-        api_s=cal.request_s,
-        residuals=(cal.residual_low, cal.residual_high),
-        noise=tuple(cal.noise),
-        speed=tuple(cal.speed),
     )
+    scenario = _calibrated(base, cal)
     rate = round(share * capacity_rps(scenario), 2)
     again = None
     if retuned is not None:
@@ -248,23 +245,31 @@ def measure(
         return None
     traffic = replay(q.replayable(worker.store, run.id))
     # The host's noise and speed are drawn: the median of five draws on the run's requests.
-    same = _Summary(_medians([predict(scenario, rate, seed, requests=traffic) for seed in SEEDS]))
+    same = _drawn(scenario, rate, traffic)
     bare = predict(replace(scenario, noise=(), speed=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run), the host's noise kept.
     own = tune(cal, traffic, rate, *medians(LoadRun.model_validate(run.summary), rate))
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
-    mine = _Summary(_medians([predict(tuned, rate, seed, requests=traffic) for seed in SEEDS]))
-    recent = None
-    if again is not None:
-        now = replace(
-            scenario, cost=again.cost(), api_s=again.request_s, noise=tuple(again.noise),
-            speed=tuple(again.speed),
-        )  # fmt: skip
-        recent = _Summary(_medians([predict(now, rate, seed, requests=traffic) for seed in SEEDS]))
+    mine = _drawn(tuned, rate, traffic)
+    recent = None if again is None else _drawn(_calibrated(base, again), rate, traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary
+
+
+def _calibrated(scenario: Scenario, cal: Calibration) -> Scenario:
+    """`scenario` with `cal`'s step cost, API time, fit error, host speed and noise."""
+    return replace(
+        scenario, cost=cal.cost(), api_s=cal.request_s,
+        residuals=(cal.residual_low, cal.residual_high), noise=tuple(cal.noise),
+        speed=tuple(cal.speed),
+    )  # fmt: skip
+
+
+def _drawn(scenario: Scenario, rate: float, traffic: list[SimRequest]) -> _Summary:
+    """Each figure's median over SEEDS draws of the host on the run's own requests."""
+    return _Summary(_medians([predict(scenario, rate, seed, requests=traffic) for seed in SEEDS]))
 
 
 def itself(name: str, first: dict[str, Any], again: dict[str, Any], tally: list[int]) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from sqlalchemy import Engine
 
 from app.cli._shared import settings
 from app.cli.probe import run_local_probe
@@ -137,10 +138,10 @@ def simulate(
             raise InvalidInput(f"--profile is not valid JSON: {exc.msg}") from exc
     settings = parse_settings(set_ or ())
     if target is not None:
-        stored = _stored_calibration(target)
-        what = calibrated_scenario(stored, settings, loaded, slo, now=time.time())
+        stored, now = _stored_calibration(target), time.time()
+        what = calibrated_scenario(stored, settings, loaded, slo, now=now)
         title, accounting = f"target {target} (calibrated)", None
-        if hint := retune_hint(stored, time.time()):
+        if hint := retune_hint(stored, now):
             typer.echo(hint, err=True)
     else:
         assert model is not None and gpu is not None
@@ -183,16 +184,19 @@ def simulate(
         )
 
 
-def _stored_calibration(target: str) -> Calibration:
+def _stored_calibration(target: str, store: Engine | None = None) -> Calibration:
+    """The calibration stored for `target` (read from `store`, or from a store of its own)."""
     from storage import queries as q
     from storage.db import open_store
 
-    store = open_store(settings().db_url)
+    own = store is None
+    db = open_store(settings().db_url) if store is None else store
     try:
-        q.get_target(store, target)  # an unknown name: NotFound, one line
-        found = q.get_state(store, CALIBRATION_KEY.format(target))
+        q.get_target(db, target)  # an unknown name: NotFound, one line
+        found = q.get_state(db, CALIBRATION_KEY.format(target))
     finally:
-        store.dispose()
+        if own:
+            db.dispose()
     if found is None:
         raise InvalidInput(
             f"target {target} has no calibration yet: run kvscope simulate calibrate "
@@ -241,7 +245,7 @@ def calibrate(
             typer.echo(line, err=True)
 
         if retune:
-            stored = _stored_calibration(target)
+            stored = _stored_calibration(target, store)
             fitted = measurements.retune(store, run, stored, engine, say=say)
             fitted = fitted.model_copy(update={"tuned_at": time.time()})
         else:

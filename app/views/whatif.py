@@ -251,11 +251,9 @@ def render() -> None:
         hide_index=True,
     )
     if calibration:
-        cal = Calibration.model_validate_json(calibration)
-        st.caption(
-            f"Step cost: {cal.describe(time.time())}. Past those, a prediction is an extrapolation."
-        )
-        if hint := retune_hint(cal, time.time()):
+        cal, now = Calibration.model_validate_json(calibration), time.time()
+        st.caption(f"Step cost: {cal.describe(now)}. Past those, a prediction is an extrapolation.")
+        if hint := retune_hint(cal, now):
             st.info(hint[0].upper() + hint[1:] + ".")
     else:
         st.caption(SOURCE_NOTE)
