@@ -37,6 +37,7 @@ from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, swe
 from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
 from probes.kinds import calibration
+from probes.kinds.latency import Measurement
 from probes.worker import Worker
 from storage import queries as q
 from tests.support import injection
@@ -149,7 +150,8 @@ def score(
             continue
         if key == "tpot_p50" and m.get("bursts"):
             # The client saw whole answers: its TPOT is not the engine's (latency.bursts).
-            engine = ((m.get("engine") or {}).get("tpot") or {}).get("mean")
+            seen = Measurement.model_validate(m).engine
+            engine = None if seen is None else seen.tpot.mean
             print(
                 f"| {name} | {rate} | {label} | {_fmt(meas, 1000)} (answers came whole; the "
                 f"engine's own mean {_fmt(engine, 1000)}) | {_fmt(pred, 1000)} | | | "
