@@ -196,7 +196,9 @@ class RequestShape:
 
     `prefix` (key, tokens): the first tokens are the same text for every shape with that
     key. `session`/`turn`: turn k's prompt is turn k-1's prompt and answer (its first
-    `context_tokens`) followed by new text.
+    `context_tokens`) followed by new text. Of those, the first `repeated_tokens` (turn
+    k-1's prompt) are its text verbatim; the answer's part is text of its length that
+    stands in for it, since a load generator builds prompts before the answers exist.
     """
 
     prompt_tokens: int
@@ -205,6 +207,7 @@ class RequestShape:
     session: str | None = None
     turn: int = 0
     context_tokens: int = 0
+    repeated_tokens: int = 0
     tags: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -289,8 +292,10 @@ class SharedPrefixProfile(_Profile):
 
 class MultiTurnProfile(_Profile):
     """Chat sessions whose context grows: turn k sends every earlier prompt and answer
-    plus a new message. `sessions` run side by side, their turns interleaved; a session
-    ends after `turns` turns or when the next would exceed `max_context` tokens."""
+    plus a new message (the earlier prompts verbatim, each answer as text of its length
+    standing in for it). `sessions` run side by side, their turns interleaved, each sent
+    once the session's previous answer is in; a session ends after `turns` turns or when
+    the next would exceed `max_context` tokens."""
 
     kind: Literal["multi_turn"] = "multi_turn"
     turns: PositiveInt = 5
@@ -302,25 +307,27 @@ class MultiTurnProfile(_Profile):
 
     def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
         started = 0
-        live: list[tuple[str, int, int]] = []  # (session, next turn, context so far)
+        # (session, next turn, context so far, the last prompt's tokens)
+        live: list[tuple[str, int, int, int]] = []
         while True:
             for slot in range(self.sessions):
                 if slot == len(live):
-                    live.append((f"s{started}", 0, 0))
+                    live.append((f"s{started}", 0, 0, 0))
                     started += 1
-                session, turn, context = live[slot]
+                session, turn, context, last = live[slot]
                 new = (self.first_prompt if turn == 0 else self.next_prompt).draw(rng)
                 output = self.output.draw(rng)
                 if turn > 0 and (turn >= self.turns or context + new + output > self.max_context):
-                    session, turn, context = f"s{started}", 0, 0
+                    session, turn, context, last = f"s{started}", 0, 0, 0
                     started += 1
                     new = self.first_prompt.draw(rng)
                 prompt = context + new
                 tags = {"profile": self.kind, "session": session, "turn": turn}
                 yield RequestShape(
-                    prompt, output, session=session, turn=turn, context_tokens=context, tags=tags
-                )
-                live[slot] = (session, turn + 1, prompt + output)
+                    prompt, output, session=session, turn=turn, context_tokens=context,
+                    repeated_tokens=last, tags=tags,
+                )  # fmt: skip
+                live[slot] = (session, turn + 1, prompt + output, prompt)
 
 
 class MixItem(_Model):

@@ -27,7 +27,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -155,7 +155,9 @@ class SimRequest:
     names what it shares with others: its first `prefix_tokens` are the same text as the
     first tokens of earlier requests under that key, and later ones may reuse its first
     `shares_tokens` (a system prompt: both its length; a chat turn: the earlier turns, and
-    then its own prompt and answer)."""
+    then its own prompt and answer). A request of a `session` is sent only once the
+    session's previous one has ended, as a chat client (and the probes) send turns: its
+    `arrival_s` is when it is due, and it arrives then or at that end, whichever is later."""
 
     arrival_s: float
     prompt_tokens: int
@@ -164,6 +166,7 @@ class SimRequest:
     prefix: str | None = None
     prefix_tokens: int = 0
     shares_tokens: int = 0
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,8 +470,14 @@ class _Engine:
         self.on_gaps = on_gaps
         self.sample_every_s, self.next_sample = sample_every_s, 0.0
         self.arrivals = iter(requests)
-        self.pending: SimRequest | None = next(self.arrivals, None)
+        self.upcoming: SimRequest | None = next(self.arrivals, None)  # the stream's next
         self.last_arrival = -math.inf
+        # Sessions with a turn in the engine, and their later turns held until it ends; the
+        # turns let go, as (arrival, order, request), earliest first.
+        self.sessions: dict[str, deque[SimRequest]] = {}
+        self.released: list[tuple[float, int, SimRequest]] = []
+        self.order = 0
+        self.pending = self.upcoming  # the next arrival, from the stream or let go
         self.waiting: deque[_Waiting] = deque()
         self.running = _Running(config.max_num_seqs, config.block_size)
         self.phases = _Phases(config.block_size)
@@ -517,18 +526,53 @@ class _Engine:
     def take_arrivals(self) -> Iterator[RequestResult]:
         config = self.config
         while (r := self.pending) is not None and r.arrival_s <= self.now:
-            if r.arrival_s < self.last_arrival:
-                raise InvalidInput("requests must be ordered by arrival time")
-            self.last_arrival = r.arrival_s
+            if self.released and self.released[0][2] is r:
+                heapq.heappop(self.released)  # a held turn, its session's previous one over
+            else:
+                if r.arrival_s < self.last_arrival:
+                    raise InvalidInput("requests must be ordered by arrival time")
+                self.last_arrival = r.arrival_s
+                self.upcoming = next(self.arrivals, None)
+                if r.session is not None:
+                    held = self.sessions.get(r.session)
+                    if held is not None:  # its previous turn is still in the engine
+                        held.append(r)
+                        self.pending = self.earliest()
+                        continue
+                    self.sessions[r.session] = deque()
+            self.pending = self.earliest()
             if r.prompt_tokens < 1 or r.output_tokens < 1:
                 raise InvalidInput("a request needs at least one prompt and one output token")
             if r.prompt_tokens + r.output_tokens > config.max_model_len:
                 self.stats.refused += 1
                 yield RequestResult(r, refused=True)
+                self.ended(r)
             else:
                 self.fresh_head |= not self.waiting
                 self.waiting.append(_Waiting(r))
-            self.pending = next(self.arrivals, None)
+
+    def earliest(self) -> SimRequest | None:
+        """The next arrival: the stream's or a turn let go, whichever comes first."""
+        if self.released and (
+            self.upcoming is None or self.released[0][0] <= self.upcoming.arrival_s
+        ):
+            return self.released[0][2]
+        return self.upcoming
+
+    def ended(self, req: SimRequest) -> None:
+        """`req` is over (answered or refused): its session's next turn, if one is held,
+        arrives now (it was due earlier)."""
+        if req.session is None:
+            return
+        held = self.sessions[req.session]
+        if not held:
+            del self.sessions[req.session]
+            return
+        turn = held.popleft()
+        turn = replace(turn, arrival_s=max(turn.arrival_s, self.now))
+        heapq.heappush(self.released, (turn.arrival_s, self.order, turn))
+        self.order += 1
+        self.pending = self.earliest()
 
     def hit(self, w: _Waiting) -> int:
         """Blocks of `w`'s context the prefix cache holds (at least one token to compute)."""
@@ -827,10 +871,14 @@ class _Engine:
         run, n = self.running, self.running.n
         done = run.generated[:n] >= run.output[:n] if self.maybe_done else None
         if done is not None and _any(done):
+            if self.sessions:
+                # Turns due during the step are held before the turns ahead of them end.
+                yield from self.take_arrivals()
             rows = done.nonzero()[0].tolist()
             phases = self.phases
             for i in rows:
                 yield self.result(i)
+                self.ended(run.reqs[i])
                 key = run.reqs[i].prefix
                 if self.cache is not None and key is not None:
                     self.cache.unpin(key)

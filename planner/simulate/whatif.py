@@ -220,17 +220,24 @@ def traffic(
     profile: Profile, arrival: Arrival, requests: int, seed: int = 0
 ) -> Iterator[SimRequest]:
     """`requests` requests: send times from `arrival`, lengths from `profile` (independent
-    streams of the same seed), each tagged with its class as the probes tag theirs.
-    Multi-turn sessions arrive as independent requests (no waiting for the previous turn)."""
+    streams of the same seed), each tagged with its class as the probes tag theirs. A
+    session's turn is sent once its previous turn has ended, as the probes send it."""
     if arrival.kind == "ramp":
         times: Iterator[float] = iter(arrival.offsets(requests, seed))
     else:
         times = itertools.islice(arrival.iter_offsets(seed), requests)
     shapes = profile.iter_shapes(np.random.default_rng([seed, 1]))
     for t, shape in zip(times, shapes, strict=False):
-        component = shape.tags.get("component")
-        cls = shape_class(str(component) if component else None, shape.prompt_tokens)
-        yield SimRequest(t, shape.prompt_tokens, shape.output_tokens, cls, *_shared(shape))
+        yield as_request(t, shape)
+
+
+def as_request(t: float, shape: RequestShape) -> SimRequest:
+    """The request a probe sends for `shape` at `t`, classed as the probes class theirs."""
+    component = shape.tags.get("component")
+    cls = shape_class(str(component) if component else None, shape.prompt_tokens)
+    return SimRequest(
+        t, shape.prompt_tokens, shape.output_tokens, cls, *_shared(shape), shape.session
+    )
 
 
 def _shared(shape: RequestShape) -> tuple[str | None, int, int]:
@@ -240,8 +247,9 @@ def _shared(shape: RequestShape) -> tuple[str | None, int, int]:
         key, tokens = shape.prefix
         return key, tokens, tokens
     if shape.session is not None:
-        # The next turn begins with this turn's prompt and answer.
-        return shape.session, shape.context_tokens, shape.prompt_tokens + shape.output_tokens
+        # The next turn begins with this turn's prompt verbatim (its answer's part is text
+        # standing in for it, which the cache cannot hold), as the probes send turns.
+        return shape.session, shape.repeated_tokens, shape.prompt_tokens
     return None, 0, 0
 
 

@@ -94,6 +94,17 @@ class EngineView(Figures):
     e2e: HistogramDelta
     queue_time: HistogramDelta
     preemptions: float | None = None
+    # Prompt tokens the engine looked up in its prefix cache over the run, and those it
+    # found there (None from an engine without the counters, or a run stored before).
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Share of the run's prompt tokens served from the prefix cache."""
+        if not self.prefix_queries or self.prefix_hits is None:
+            return None
+        return self.prefix_hits / self.prefix_queries
 
     @field_validator("preemptions", mode="before")
     @classmethod
@@ -200,6 +211,8 @@ def engine_view(before: ParsedScrape, after: ParsedScrape) -> EngineView:
         e2e=histogram_delta(before, after, "e2e"),
         queue_time=histogram_delta(before, after, "queue_time"),
         preemptions=counter_delta(before, after, "preemptions_total"),
+        prefix_queries=counter_delta(before, after, "prefix_cache_queries_total"),
+        prefix_hits=counter_delta(before, after, "prefix_cache_hits_total"),
     )
 
 
@@ -359,13 +372,20 @@ def headline(r: Result) -> str:
 
 def notes(r: Result) -> list[str]:
     """How to read the figures."""
-    return [
+    out = [
         "Client times count from each request's scheduled send; the engine's come from "
         "vLLM's own histograms over the same requests (bucket-interpolated). "
         f"Send lateness p99 {_ms(r.lateness_s.p99)}."
         + ("" if r.trustworthy else f" Not trusted: {r.reason}")
         + ("" if r.bursts is None else f" TPOT and ITL: {r.bursts}.")
     ]
+    rate = r.engine.prefix_hit_rate if r.engine is not None else None
+    if rate is not None and r.engine is not None:
+        out.append(
+            f"The engine's prefix cache served {rate:.0%} of the run's prompt tokens "
+            f"({r.engine.prefix_hits:,.0f} of {r.engine.prefix_queries:,.0f})."
+        )
+    return out
 
 
 def _ms(v: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +13,7 @@ from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
-from planner.simulate.engine import HostSpeed, pairs_of
+from planner.simulate.engine import HostSpeed, RequestResult, pairs_of
 from planner.simulate.roofline import roofline_cost
 from tests.support.sim_reference import reference_simulate
 
@@ -259,6 +260,80 @@ def test_chat_turns_find_the_earlier_turns_in_the_cache_with_and_without_stretch
         assert slow_stats.prefix_hits == fast_stats.prefix_hits
         rates.append(fast_stats.prefix_hits / fast_stats.prefix_queries)
     assert rates[0] > 0.6 and rates[1] < rates[0] - 0.1
+
+
+def test_a_turn_is_sent_once_its_sessions_previous_turn_has_ended() -> None:
+    """A second turn due while the first is still decoding arrives when the first ends, so
+    it does not queue and its TTFT is its own prefill; another session's turn due at the
+    same time runs beside the first. A refused turn ends at once and lets the next go."""
+    first, second, other = (
+        SimRequest(0.0, 200, 50, session="a"),
+        SimRequest(0.01, 300, 5, session="a"),
+        SimRequest(0.01, 300, 5, session="b"),
+    )
+    results = {(r.request.session, r.request.prompt_tokens): r
+               for r in simulate([first, second, other], CONFIG, COST)}  # fmt: skip
+    a1, a2, b = results["a", 200], results["a", 300], results["b", 300]
+    assert a1.e2e_s is not None and a2.ttft_s is not None and b.e2e_s is not None
+    assert a2.request.arrival_s == pytest.approx(a1.e2e_s)
+    assert a2.queue_s == 0.0
+    assert a2.ttft_s == pytest.approx(COST.step_s(300, 300, 1, pairs_of(300, 0)))
+    assert b.request.arrival_s == 0.01 and b.e2e_s + 0.01 < a1.e2e_s  # (ran alongside)
+    long = replace(first, prompt_tokens=9000)  # over max_model_len: refused at once
+    refused, after = simulate([long, second], CONFIG, COST)
+    assert refused.refused and after.request.arrival_s == 0.01 and after.queue_s == 0.0
+
+
+def _sessions(n: int, sessions: int, rate: float, seed: int) -> list[SimRequest]:
+    """Chat turns of `sessions` interleaved sessions, each turn's prompt the last turn's
+    prompt and answer plus a new message; every 40th turn too long for any engine here
+    (refused), and a session that outgrows 1,800 tokens starts again."""
+    rng = np.random.default_rng(seed)
+    context = dict.fromkeys(range(sessions), 0)
+    traffic = []
+    for i, t in enumerate(np.cumsum(rng.exponential(1 / rate, n))):
+        s = i % sessions
+        prompt, output = context[s] + int(rng.integers(20, 400)), int(rng.integers(2, 200))
+        if i % 40 == 39:
+            prompt = 9000
+        traffic.append(SimRequest(float(t), prompt, output, "", f"s{s}", context[s],
+                                  prompt + output, session=f"s{s}"))  # fmt: skip
+        context[s] = prompt + output if prompt + output <= 1800 else 0
+    return traffic
+
+
+@pytest.mark.parametrize("name", ["ample", "preempting", "few-seqs", "blocks-of-32"])
+def test_held_turns_match_the_plain_scheduler(name: str) -> None:
+    """Sessions whose turns wait for each other (ahead of the load, so many are held):
+    the engine and the scheduler as first written give the same results to the bit, with
+    and without the stretches (prefix caching off: the plain scheduler has none)."""
+    config = replace(CONFIGS[name], prefix_caching=False)
+    traffic = _sessions(300, 12, 30.0, seed=7)
+    plain_stats, slow_stats, fast_stats = EngineStats(), EngineStats(), EngineStats()
+    plain = list(reference_simulate(traffic, config, COST, plain_stats))
+    slow = list(simulate(traffic, config, COST, slow_stats, fast_forward=False))
+    fast = list(simulate(traffic, config, COST, fast_stats))
+    assert sorted(plain, key=_by_turn) == sorted(slow, key=_by_turn) == sorted(fast, key=_by_turn)
+    assert len(fast) == 300 and fast_stats.refused > 0 and fast_stats.stretches > 0
+    counts = [(s.steps, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)]
+    assert counts[0] == counts[1] == counts[2]
+    # Held: most turns arrived later than they were due (a held turn arrives when the one
+    # before it ends, at no time any turn was due).
+    due = {r.arrival_s for r in traffic}
+    assert sum(r.request.arrival_s not in due for r in fast) > 150
+    # No two turns of a session were ever in the engine at once.
+    by_session: dict[str, list[tuple[float, float]]] = {}
+    for r in fast:
+        assert r.request.session is not None
+        span = (r.request.arrival_s, r.request.arrival_s + (r.e2e_s or 0.0))
+        by_session.setdefault(r.request.session, []).append(span)
+    for spans in by_session.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(spans))
+
+
+def _by_turn(r: RequestResult) -> tuple[str, float, int]:
+    return r.request.session or "", r.request.arrival_s, r.request.prompt_tokens
 
 
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["preempting"]], ids=["ample", "preempting"])

@@ -188,3 +188,19 @@ def test_profiles_that_share_text_are_served_from_the_prefix_cache(name: str) ->
     assert hit.ttft_s.p50 is not None and miss.ttft_s.p50 is not None
     assert hit.ttft_s.p99 is not None and miss.ttft_s.p99 is not None
     assert hit.ttft_s.p50 < 0.9 * miss.ttft_s.p50 and hit.ttft_s.p99 < 0.7 * miss.ttft_s.p99
+
+
+def test_chat_sessions_send_each_turn_after_the_last_answer() -> None:
+    """As the probes send them, a session's turn waits for its previous answer: far past the
+    engine's capacity the turns of the sessions under way cannot pile up, only new sessions
+    do (they start on schedule), so the queue's tail is a small part of the same turns'
+    sent on schedule, and the run lasts longer than its schedule."""
+    what = Scenario(CONFIG, COST, get_profile("multi-turn"), 400)
+    rate = 10 * capacity_rps(what)
+    turns = list(traffic(what.profile, what.arrivals(rate), what.requests))
+    paced = predict(what, rate, requests=turns)
+    rushed = predict(what, rate, requests=[replace(r, session=None) for r in turns])
+    assert paced.requests == rushed.requests == 400
+    assert paced.queue_s.p99 is not None and rushed.queue_s.p99 is not None
+    assert paced.queue_s.p99 < rushed.queue_s.p99 / 5
+    assert paced.duration_s > rushed.duration_s > turns[-1].arrival_s

@@ -4,10 +4,12 @@ results."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import EngineConfig, EngineStats, RequestResult, SimRequest, StepCost
@@ -64,21 +66,55 @@ def reference_simulate(
     admitted = 0
     next_sample = 0.0
     last_arrival = -math.inf
+    # A session's turns wait for the one before to end: sessions with a turn in the engine,
+    # the turns held behind it, and the turns let go (arrival, order, request).
+    busy: dict[str, list[SimRequest]] = {}
+    released: list[tuple[float, int, SimRequest]] = []
+    order = itertools.count()
+
+    def next_arrival() -> tuple[SimRequest | None, bool]:
+        """The next arrival, and whether it is a turn let go."""
+        if released and (pending is None or released[0][0] <= pending.arrival_s):
+            return released[0][2], True
+        return pending, False
+
+    def ended(req: SimRequest) -> None:
+        if req.session is None:
+            return
+        held = busy[req.session]
+        if not held:
+            del busy[req.session]
+            return
+        turn = held.pop(0)
+        turn = replace(turn, arrival_s=max(turn.arrival_s, now))
+        heapq.heappush(released, (turn.arrival_s, next(order), turn))
 
     def take_arrivals() -> Iterator[RequestResult]:
         nonlocal pending, last_arrival
-        while pending is not None and pending.arrival_s <= now:
-            if pending.arrival_s < last_arrival:
-                raise InvalidInput("requests must be ordered by arrival time")
-            last_arrival = pending.arrival_s
-            if pending.prompt_tokens + pending.output_tokens > config.max_model_len:
+        while True:
+            req, let_go = next_arrival()
+            if req is None or req.arrival_s > now:
+                return
+            if let_go:
+                heapq.heappop(released)
+            else:
+                if req.arrival_s < last_arrival:
+                    raise InvalidInput("requests must be ordered by arrival time")
+                last_arrival = req.arrival_s
+                pending = next(arrivals, None)
+                if req.session is not None:
+                    if req.session in busy:
+                        busy[req.session].append(req)
+                        continue
+                    busy[req.session] = []
+            if req.prompt_tokens + req.output_tokens > config.max_model_len:
                 stats.refused += 1
-                yield RequestResult(pending, refused=True)
-            elif pending.prompt_tokens < 1 or pending.output_tokens < 1:
+                yield RequestResult(req, refused=True)
+                ended(req)
+            elif req.prompt_tokens < 1 or req.output_tokens < 1:
                 raise InvalidInput("a request needs at least one prompt and one output token")
             else:
-                waiting.append(_Seq(pending))
-            pending = next(arrivals, None)
+                waiting.append(_Seq(req))
 
     def preempt(victim: _Seq) -> None:
         nonlocal free
@@ -108,20 +144,24 @@ def reference_simulate(
         """Hand over the requests the step finished, free their blocks, sample."""
         nonlocal free, next_sample
         done = [q for q in running if q.generated >= q.req.output_tokens]
+        if done and busy:
+            yield from take_arrivals()  # turns due in the step are held before these end
         if done:
             running[:] = [q for q in running if q.generated < q.req.output_tokens]
         for q in done:
             q.alive = False
             free += q.blocks
             yield _result(q, now)
+            ended(q.req)
         if sample_every_s is not None and now >= next_sample:
             stats.timeline.append((now, config.num_blocks - free, len(waiting)))
             next_sample = now + sample_every_s
 
-    while pending is not None or waiting or running:
+    while pending is not None or released or waiting or running:
         yield from take_arrivals()
         if not waiting and not running:
-            now = pending.arrival_s if pending is not None else now
+            upcoming, _ = next_arrival()
+            now = upcoming.arrival_s if upcoming is not None else now
             continue
         budget = config.max_num_batched_tokens
         before = stats.preemptions
@@ -166,11 +206,12 @@ def reference_simulate(
             budget -= want
         if not scheduled:
             # Nothing fits (every block held by prompts in progress): wait for an arrival.
-            if pending is None:
+            upcoming, _ = next_arrival()
+            if upcoming is None:
                 raise InvalidInput(
                     "the KV cache cannot hold one request: raise num_blocks or lower max_model_len"
                 )
-            now = max(now, pending.arrival_s)
+            now = max(now, upcoming.arrival_s)
             continue
         tokens = sum(n for _, n in scheduled)
         kv_tokens = sum(s.computed + n for s, n in scheduled)

@@ -1,0 +1,83 @@
+"""The simulator's prefix cache against vLLM's: the same requests, the same counts.
+
+A latency probe sends a workload that shares text to the real CPU engine at a low rate
+(about one request at a time); its result carries the engine's own prefix-cache counters
+over the run. The simulator, given the same shapes and send times and the engine's block
+count, must count the same prompt tokens looked up and found there, to the token: a hit
+is whole blocks of text sent before, as in vLLM, so nothing in it depends on the machine's
+speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from planner.simulate import EngineStats, StepCost, simulate
+from planner.simulate.whatif import as_request
+from planner.workload import Arrival, parse_profile
+from probes.engine.spec import engine_config, parse_spec
+from probes.kinds.latency import Result, notes
+from storage import queries as q
+from storage.settings import Settings
+from tests.e2e.conftest import LiveWorker
+
+pytestmark = pytest.mark.engine
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Two system prompts of 500 tokens (15 full blocks of 32, and 20 tokens more), each
+    # followed by a message of its own.
+    "shared-prefix": {
+        "kind": "shared_prefix",
+        "prefix_tokens": 500,
+        "prefixes": 2,
+        "suffix": {"median": 40, "sigma": 0.5, "min": 4, "max": 200},
+        "output": {"median": 4, "sigma": 0.3, "min": 2, "max": 8},
+    },
+    # Three chat sessions of four turns side by side: each turn repeats the last one's
+    # prompt verbatim, then text standing in for its answer, then a new message.
+    "multi-turn": {
+        "kind": "multi_turn",
+        "turns": 4,
+        "sessions": 3,
+        "first_prompt": {"median": 200, "sigma": 0.3, "min": 64, "max": 400},
+        "next_prompt": {"median": 60, "sigma": 0.3, "min": 8, "max": 200},
+        "output": {"median": 24, "sigma": 0.3, "min": 8, "max": 60},
+    },
+}
+RATE, DURATION_S = 2.0, 10.0
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_the_simulated_prefix_cache_counts_what_vllms_counts(
+    live: LiveWorker, cpu_engine: str, e2e_settings: Settings, name: str
+) -> None:
+    profile, seed = PROFILES[name], 9_731 + len(name)  # (prompts of their own per case)
+    run = live.request(
+        "latency", timeout=300, target="embedded", profile=profile, rate=RATE,
+        duration_s=DURATION_S, arrival="constant", seed=seed,
+    )  # fmt: skip
+    assert run.status == "done", run.error
+    result = Result.model_validate(run.summary)
+    assert result.engine is not None and result.requests == result.ok
+    measured = (result.engine.prefix_queries, result.engine.prefix_hits)
+
+    times = Arrival(kind="constant", rate=RATE).within(DURATION_S, seed)
+    shapes = parse_profile(profile).shapes(len(times), seed)
+    assert len(times) == result.requests == 20
+    spec = parse_spec(q.get_started_spec(live.worker.store, "embedded") or {})
+    stats = EngineStats()
+    cost = StepCost(0.01, 0.0, 0.0, 1e-5, additive=True)  # (any: about one at a time)
+    replayed = list(simulate(
+        [as_request(t, s) for t, s in zip(times, shapes, strict=True)],
+        engine_config(spec, e2e_settings.data_dir), cost, stats,
+    ))  # fmt: skip
+    assert len(replayed) == len(times) and stats.preemptions == 0
+    if name == "shared-prefix":
+        # Each prefix's first request finds nothing; every later one its 15 full blocks.
+        assert len({s.prefix for s in shapes}) == 2
+        assert stats.prefix_hits == (len(times) - 2) * 15 * 32
+    assert stats.prefix_hits > 0.3 * stats.prefix_queries
+    assert measured == (stats.prefix_queries, stats.prefix_hits)
+    assert f"served {stats.prefix_hits / stats.prefix_queries:.0%}" in " ".join(notes(result))
