@@ -193,8 +193,9 @@ class EngineStats:
     busy_s: float = 0.0
     stretches: int = 0  # runs of decode-only steps taken in one go
     max_batch: int = 0  # most requests scheduled in one step
-    # Prompt tokens looked up in the prefix cache at admission, and those found there
-    # (vLLM's prefix_cache_queries and prefix_cache_hits).
+    # Prompt tokens looked up in the prefix cache at a request's first admission, and those
+    # found there (vLLM's prefix_cache_queries and prefix_cache_hits, which leave out
+    # requests readmitted after a preemption).
     prefix_queries: int = 0
     prefix_hits: int = 0
     # (time, KV blocks in use, requests waiting), one row per step when sampling is asked
@@ -675,8 +676,9 @@ class _Engine:
             cached = hit * bs
             shares = 0
             if self.cache is not None:
-                stats.prefix_queries += w.tokens
-                stats.prefix_hits += cached
+                if not w.preemptions:  # (vLLM counts a readmission apart, not in these)
+                    stats.prefix_queries += w.tokens
+                    stats.prefix_hits += cached
                 if w.req.prefix is not None:
                     self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
                     shares = w.req.shares_tokens

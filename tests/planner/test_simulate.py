@@ -222,6 +222,21 @@ def test_requests_under_one_prefix_hold_one_copy_of_its_blocks() -> None:
     assert shared <= 64 + 8 * 30 < 8 * 64 <= alone
 
 
+def test_the_cache_counters_leave_out_readmissions_as_vllms_do() -> None:
+    """vLLM counts a request's prefix-cache lookup at its first admission only (a request
+    readmitted after a preemption goes to counters of its own): under preemption every
+    request's prompt is counted once, and hits only of what the prefix gave it."""
+    rng = np.random.default_rng(11)
+    traffic = [SimRequest(0.02 * i, 1024 + int(rng.integers(1, 300)), int(rng.integers(200, 600)),
+                          prefix="sys", prefix_tokens=1024, shares_tokens=1024)
+               for i in range(60)]  # fmt: skip
+    stats = EngineStats()
+    done = list(simulate(traffic, CONFIGS["preempting"], COST, stats))
+    assert len(done) == 60 and stats.preemptions > 10
+    assert stats.prefix_queries == sum(r.prompt_tokens for r in traffic)
+    assert stats.prefix_hits == 59 * 1024
+
+
 @pytest.mark.parametrize(("keys", "hits"), [(["a", "b", "a"], 1536), (["a", "b", "c", "a"], 0)])
 def test_idle_cached_blocks_are_evicted_oldest_first_before_anyone_is_preempted(
     keys: list[str], hits: int
