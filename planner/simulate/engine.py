@@ -7,12 +7,14 @@ the sequence limit and the free KV blocks allow: with chunked prefill a prompt m
 is left of the budget, without it a prompt is admitted whole or not at all. KV blocks of
 `block_size` tokens are allocated as tokens are computed; when a running request needs a
 block and none is free, the newest running request is preempted (its blocks freed,
-recomputed from scratch later) and counted. A request longer than `max_model_len` is
-refused. With prefix caching, a request whose first tokens another request under the same
-key computed before (a shared system prompt, the earlier turns of a chat) starts with those
-full blocks computed, shares them instead of holding its own copy, and publishes the blocks
-it completes; cached blocks nobody runs with stay until the least recently used are evicted
-for room. The step's duration comes from a `StepCost`; the step that completes a prompt
+recomputed later) and counted. A request longer than `max_model_len` is refused. With
+prefix caching, a request whose first tokens another request under the same key computed
+before (a shared system prompt, the earlier turns of a chat) starts with those full blocks
+computed, shares them instead of holding its own copy, and publishes the blocks it
+completes; cached blocks nobody runs with stay until the least recently used are evicted
+for room, a chain's last blocks first. A preempted request's full blocks stay cached too,
+so that, readmitted before they are taken, it recomputes only what was lost. The step's
+duration comes from a `StepCost`; the step that completes a prompt
 emits the first token, each decode step one more.
 
 The running set lives in numpy arrays (one step costs a few array operations whatever the
@@ -252,6 +254,9 @@ class _Waiting:
     first_s: float = math.nan
     last_s: float = math.nan
     itl_max_s: float = 0.0
+    # Preempted: the blocks it held under its key then (its own blocks, parked in the
+    # prefix cache under this object, followed those).
+    own_from: int = 0
 
     @property
     def tokens(self) -> int:
@@ -297,8 +302,9 @@ class _Running:
         self.first_s[i], self.last_s[i], self.itl_max_s[i] = w.first_s, w.last_s, w.itl_max_s
         self.n += 1
 
-    def pop(self) -> tuple[_Waiting, int]:
-        """Take out the newest: its state as a waiting request, and the blocks it held."""
+    def pop(self) -> tuple[_Waiting, int, int]:
+        """Take out the newest: its state as a waiting request, the blocks it held alone,
+        and how many of those were full."""
         self.n -= 1
         i = self.n
         w = _Waiting(
@@ -309,8 +315,9 @@ class _Running:
             float(self.first_s[i]),
             float(self.last_s[i]),
             float(self.itl_max_s[i]),
+            int(self.base[i]),
         )
-        return w, self.alone(i)
+        return w, self.alone(i), int(self.computed[i]) // self.block_size - int(self.base[i])
 
     def alone(self, i: int) -> int:
         """Blocks row `i` holds alone."""
@@ -393,13 +400,15 @@ class _Phases:
 
 class _PrefixCache:
     """Full KV blocks computed under each prefix key: pinned while a running request uses
-    them, evictable (the least recently used key first, whole) when none does. Blocks of
-    one key are a chain: a request finds the first ones it has in common with it."""
+    them, evictable when none does (the least recently used key first, its chain's last
+    blocks first, as vLLM frees a request's blocks tail first). Blocks of one key are a
+    chain: a request finds the first ones it has in common with it. A preempted request's
+    own full blocks are parked here too, under the request, until it is readmitted."""
 
     def __init__(self) -> None:
-        self.blocks: dict[str, int] = {}
-        self.refs: dict[str, int] = {}
-        self.idle: OrderedDict[str, None] = OrderedDict()  # unpinned keys, oldest first
+        self.blocks: dict[object, int] = {}
+        self.refs: dict[object, int] = {}
+        self.idle: OrderedDict[object, None] = OrderedDict()  # unpinned keys, oldest first
         self.evictable = 0  # blocks of unpinned keys
 
     def room_for(self, key: str | None) -> int:
@@ -432,14 +441,34 @@ class _PrefixCache:
             del self.blocks[key]
 
     def evict(self, blocks: int) -> int:
-        """Free at least `blocks` if that many are evictable, the oldest keys first; the
-        blocks freed."""
+        """Free `blocks`, or all that are evictable if fewer, from the oldest keys' chain
+        ends; the blocks freed."""
         freed = 0
         while freed < blocks and self.idle:
-            key, _ = self.idle.popitem(last=False)
-            freed += self.blocks.pop(key)
+            key = next(iter(self.idle))
+            take = min(self.blocks[key], blocks - freed)
+            freed += take
+            if take == self.blocks[key]:
+                del self.idle[key], self.blocks[key]
+            else:
+                self.blocks[key] -= take
         self.evictable -= freed
         return freed
+
+    def park(self, key: object, blocks: int) -> None:
+        """Keep an idle chain of `blocks` under `key` (a preempted request's own)."""
+        self.blocks[key] = blocks
+        self.idle[key] = None
+        self.evictable += blocks
+
+    def reclaim(self, key: object) -> int:
+        """Take back what is left of a parked chain; its blocks."""
+        if key not in self.idle:
+            return 0
+        del self.idle[key]
+        blocks = self.blocks.pop(key)
+        self.evictable -= blocks
+        return blocks
 
     def grow(self, key: str, blocks: int) -> int:
         """Publish the first `blocks` of a pinned key's chain; how many were new (they move
@@ -575,30 +604,41 @@ class _Engine:
         self.order += 1
         self.pending = self.earliest()
 
-    def hit(self, w: _Waiting) -> int:
-        """Blocks of `w`'s context the prefix cache holds (at least one token to compute)."""
-        key = w.req.prefix
-        if self.cache is None or key is None:
-            return 0
+    def hit(self, w: _Waiting) -> tuple[int, int]:
+        """Blocks of `w`'s context the prefix cache holds (at least one token left to
+        compute): under its key, and, readmitted after a preemption, of its own parked
+        blocks, which it finds only if all it held under its key is still there."""
+        cache = self.cache
+        if cache is None:
+            return 0, 0
         bs = self.config.block_size
-        return min(self.cache.blocks.get(key, 0), w.req.prefix_tokens // bs, (w.tokens - 1) // bs)
+        cap = (w.tokens - 1) // bs
+        shared = 0
+        if (key := w.req.prefix) is not None:
+            reach = max(w.req.prefix_tokens // bs, w.own_from)
+            shared = min(cache.blocks.get(key, 0), reach, cap)
+        own = 0
+        if w.preemptions and shared == w.own_from:
+            own = min(cache.blocks.get(w, 0), cap - shared)
+        return shared, own
 
-    def first_chunk(self, w: _Waiting, budget: int) -> tuple[int, int]:
+    def first_chunk(self, w: _Waiting, budget: int) -> tuple[int, int, int]:
         """Tokens the head of the queue would compute now (0: it cannot be admitted), and
-        the blocks of its context found in the prefix cache."""
+        the blocks of its context found in the prefix cache (`hit`: under its key, its own)."""
         config, bs = self.config, self.config.block_size
-        hit = self.hit(w)
+        shared, own = self.hit(w)
+        hit = shared + own
         cached = hit * bs
         want = w.tokens - cached
         if budget <= 0 or (want > budget and not config.chunked_prefill):
-            return 0, hit
+            return 0, shared, own
         room = self.free
         if self.cache is not None:
-            room += self.cache.room_for(w.req.prefix)
+            room += self.cache.room_for(w.req.prefix) - own  # (its own come back, not freed)
         if config.reserve_full_prompt and _blocks_for(w.tokens, bs) - hit > room:
-            return 0, hit
+            return 0, shared, own
         want = min(want, budget, config.prefill_cap)
-        return (want if _blocks_for(cached + want, bs) - hit <= room else 0), hit
+        return (want if _blocks_for(cached + want, bs) - hit <= room else 0), shared, own
 
     def take(self, blocks: int) -> None:
         """Take `blocks` from the free ones, evicting cached blocks if they are short."""
@@ -669,11 +709,11 @@ class _Engine:
         bs = config.block_size
         admitted: list[tuple[int, _Waiting, int, int]] = []
         while self.waiting and run.n < config.max_num_seqs:
-            chunk, hit = self.first_chunk(self.waiting[0], budget)
+            chunk, shared, own = self.first_chunk(self.waiting[0], budget)
             if not chunk:
                 break
             w = self.waiting.popleft()
-            cached = hit * bs
+            cached = (shared + own) * bs
             shares = 0
             if self.cache is not None:
                 if not w.preemptions:  # (vLLM counts a readmission apart, not in these)
@@ -682,9 +722,12 @@ class _Engine:
                 if w.req.prefix is not None:
                     self.cache.pin(w.req.prefix)  # before taking, so it is not evicted
                     shares = w.req.shares_tokens
-            need = _blocks_for(cached + chunk, bs) - hit
+                if w.preemptions:
+                    # Its own blocks back from the cache; any past the hit are free.
+                    self.free += self.cache.reclaim(w) - own
+            need = _blocks_for(cached + chunk, bs) - shared - own
             self.take(need)
-            run.add(w, self.now, hit, cached, shares)
+            run.add(w, self.now, shared, cached, shares)
             admitted.append((run.n - 1, w, chunk, cached))
             budget -= chunk
         return admitted
@@ -764,11 +807,17 @@ class _Engine:
                 self.free -= total
                 return preempted
             # The first request that cannot grow: the newest goes (maybe itself); retry.
-            waiting, blocks = run.pop()
+            waiting, blocks, full = run.pop()
             got[run.n] = 0
+            if self.cache is not None:
+                # Its full blocks stay cached (freed, not wiped): found if it comes back
+                # before they are taken.
+                if full:
+                    self.cache.park(waiting, full)
+                    blocks -= full
+                if waiting.req.prefix is not None:
+                    self.cache.unpin(waiting.req.prefix)
             self.free += blocks
-            if self.cache is not None and waiting.req.prefix is not None:
-                self.cache.unpin(waiting.req.prefix)
             self.waiting.appendleft(waiting)
             self.stats.preemptions += 1
             preempted = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
@@ -70,6 +70,10 @@ def reference_simulate(
     # the turns held behind it, and the turns let go (arrival, order, request).
     busy: dict[str, list[SimRequest]] = {}
     released: list[tuple[float, int, SimRequest]] = []
+    # With prefix caching, a preempted request's full blocks stay cached while they are
+    # free (oldest chain first, its last blocks first, when blocks are needed): found
+    # again if it is readmitted before they are taken.
+    parked: OrderedDict[_Seq, int] = OrderedDict()
     order = itertools.count()
 
     def next_arrival() -> tuple[SimRequest | None, bool]:
@@ -116,11 +120,26 @@ def reference_simulate(
             else:
                 waiting.append(_Seq(req))
 
+    def evict(blocks: int) -> None:
+        """Free `blocks` of parked ones (or all there are): the oldest chain's last first."""
+        nonlocal free
+        while blocks > 0 and parked:
+            seq = next(iter(parked))
+            take = min(parked[seq], blocks)
+            parked[seq] -= take
+            if not parked[seq]:
+                del parked[seq]
+            free += take
+            blocks -= take
+
     def preempt(victim: _Seq) -> None:
         nonlocal free
         running.remove(victim)
         victim.alive = False
-        free += victim.blocks
+        full = victim.computed // config.block_size if config.prefix_caching else 0
+        free += victim.blocks - full
+        if full:
+            parked[victim] = full
         victim.blocks, victim.computed = 0, 0
         victim.preemptions += 1
         stats.preemptions += 1
@@ -132,6 +151,9 @@ def reference_simulate(
         nonlocal free
         need = _blocks_for(seq.computed + tokens, config.block_size) - seq.blocks
         while need > free:
+            if parked:
+                evict(need - free)
+                continue
             victim = running[-1]  # admission order: the newest is last
             preempt(victim)
             if victim is seq:
@@ -154,7 +176,8 @@ def reference_simulate(
             yield _result(q, now)
             ended(q.req)
         if sample_every_s is not None and now >= next_sample:
-            stats.timeline.append((now, config.num_blocks - free, len(waiting)))
+            used = config.num_blocks - free - sum(parked.values())
+            stats.timeline.append((now, used, len(waiting)))
             next_sample = now + sample_every_s
 
     while pending is not None or released or waiting or running:
@@ -184,18 +207,25 @@ def reference_simulate(
             and len(running) < config.max_num_seqs
         ):
             seq = waiting[0]
-            want = seq.prompt_left
+            bs = config.block_size
+            tokens = seq.req.prompt_tokens + seq.generated
+            hit = min(parked.get(seq, 0), (tokens - 1) // bs)  # its own blocks, if left
+            room = free + sum(parked.values()) - hit
+            want = tokens - hit * bs
             if want > budget and not config.chunked_prefill:
                 break
-            if config.reserve_full_prompt and _blocks_for(want, config.block_size) > free:
+            if config.reserve_full_prompt and _blocks_for(tokens, bs) - hit > room:
                 break
             want = min(want, budget, _cap(config))
-            need = _blocks_for(want, config.block_size)
-            if need > free:
+            need = _blocks_for(hit * bs + want, bs) - hit
+            if need > room:
                 break
             waiting.popleft()
+            free += parked.pop(seq, 0) - hit
+            if need > free:
+                evict(need - free)
             free -= need
-            seq.blocks = need
+            seq.blocks, seq.computed = hit + need, hit * bs
             admitted += 1
             seq.order = admitted
             seq.alive = True

@@ -1,11 +1,15 @@
-"""The simulator's prefix cache against vLLM's: the same requests, the same counts.
+"""The simulator's scheduler against vLLM's on the real CPU engine: counts that do not
+depend on the machine's speed, so they hold on a busy machine.
 
-A latency probe sends a workload that shares text to the real CPU engine at a low rate
-(about one request at a time); its result carries the engine's own prefix-cache counters
-over the run. The simulator, given the same shapes and send times and the engine's block
-count, must count the same prompt tokens looked up and found there, to the token: a hit
-is whole blocks of text sent before, as in vLLM, so nothing in it depends on the machine's
-speed.
+- The prefix cache: a latency probe sends a workload that shares text at a low rate (about
+  one request at a time); its result carries the engine's own prefix-cache counters over
+  the run. The simulator, given the same shapes and send times and the engine's block
+  count, must count the same prompt tokens looked up and found there, to the token: a hit
+  is whole blocks of text sent before, as in vLLM.
+- Preemptions: a burst of requests whose answers outgrow the KV cache, all sent at once.
+  With nothing arriving later, which request runs, waits or is preempted at each step
+  follows from token counts and blocks, not from how long a step takes, so the simulator
+  must count what vLLM counts.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from planner.simulate import EngineStats, StepCost, simulate
+from planner.simulate import EngineStats, SimRequest, StepCost, simulate
 from planner.simulate.whatif import as_request
 from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
@@ -81,3 +85,29 @@ def test_the_simulated_prefix_cache_counts_what_vllms_counts(
     assert stats.prefix_hits > 0.3 * stats.prefix_queries
     assert measured == (stats.prefix_queries, stats.prefix_hits)
     assert f"served {stats.prefix_hits / stats.prefix_queries:.0%}" in " ".join(notes(result))
+
+
+def test_a_burst_that_outgrows_the_kv_cache_preempts_as_often_as_vllm(
+    live: LiveWorker, cpu_engine: str, e2e_settings: Settings
+) -> None:
+    """24 requests of 256 prompt and 700 answer tokens at once: 23,000 tokens of KV against
+    the engine's 16,352 (511 blocks of 32). Measured four times on this engine: 7
+    preemptions each time, as the simulator says; with a block count 10 % off either way
+    it says 9 or 6. The issue's target is within 25 %."""
+    n, prompt, output, rate = 24, 256, 700, 500.0
+    run = live.request(
+        "latency", timeout=600, target="embedded", rate=rate, duration_s=1.0,
+        arrival="constant", prompt_tokens=prompt, output_tokens=output, max_requests=n,
+        seed=4_417, request_timeout_s=300,
+    )  # fmt: skip
+    assert run.status == "done", run.error
+    result = Result.model_validate(run.summary)
+    assert result.engine is not None and result.ok == result.requests == n
+    measured = result.engine.preemptions
+    spec = parse_spec(q.get_started_spec(live.worker.store, "embedded") or {})
+    config = engine_config(spec, e2e_settings.data_dir)
+    stats = EngineStats()
+    cost = StepCost(0.004, 0.0, 0.0, 3e-6, additive=True, seq_s=1e-4)  # (any: see above)
+    list(simulate([SimRequest(i / rate, prompt, output) for i in range(n)], config, cost, stats))
+    assert stats.preemptions == 7
+    assert measured is not None and abs(measured - stats.preemptions) <= 0.25 * stats.preemptions
