@@ -2,7 +2,9 @@
 the KV cache, all sent at once. With nothing arriving later, which request runs, waits or
 is preempted at each step follows from token counts and blocks, not from how long a step
 takes, so this figure can be judged on a shared machine where timings cannot (the
-fidelity benchmark's preemption counts follow the step speed).
+fidelity benchmark's preemption counts follow the step speed). The steps the engine took
+(the count of vLLM's `iteration_tokens` histogram) are compared the same way: the length
+of the schedule, decodes, prefill chunks and recomputation included.
 
 Two engines: the embedded one's settings (511 blocks of 32, 128 sequences, 2,048 tokens a
 step) and the fidelity benchmark's small cache (95 blocks, 8 sequences, 512 tokens a step),
@@ -40,9 +42,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each burst")
     args = ap.parse_args()
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
-    print("| engine | prefix caching | burst (requests x prompt/answer) | vLLM (each run) "
-          "| simulator | error of the median |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| engine | prefix caching | burst (requests x prompt/answer) | preemptions: vLLM "
+          "(each run) | simulator | error of the median | steps: vLLM (each run) | simulator "
+          "|")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     seed = 20_000
     for settings, label, bursts in ENGINES:
         for caching in (True, False):
@@ -51,7 +54,7 @@ def main() -> None:
                 run = probe_runner(request)
                 config = started_config(worker)
                 for n, prompt, output in bursts:
-                    counts = []
+                    counts, steps = [], []
                     for _ in range(args.repeats):
                         seed += 1
                         _, summary = run(
@@ -61,9 +64,12 @@ def main() -> None:
                                  request_timeout_s=600),
                         )  # fmt: skip
                         result = Result.model_validate(summary)
-                        if result.engine is None or result.engine.preemptions is None:
+                        engine = result.engine
+                        if engine is None or engine.preemptions is None:
                             raise SystemExit("the engine's preemption counter was not read")
-                        counts.append(int(result.engine.preemptions))
+                        counts.append(int(engine.preemptions))
+                        if engine.iteration_tokens is not None:
+                            steps.append(int(engine.iteration_tokens.count or 0))
                     stats = EngineStats()
                     burst = [SimRequest(i / RATE, prompt, output) for i in range(n)]
                     list(simulate(burst, config, COST, stats))
@@ -71,7 +77,8 @@ def main() -> None:
                     error = (stats.preemptions - median) / median if median else float("nan")
                     print(f"| {label} ({config.num_blocks} blocks) | {'on' if caching else 'off'} "
                           f"| {n} x {prompt}/{output} | {', '.join(map(str, counts))} "
-                          f"| {stats.preemptions} | {error:+.0%} |", flush=True)  # fmt: skip
+                          f"| {stats.preemptions} | {error:+.0%} | {', '.join(map(str, steps))} "
+                          f"| {stats.steps} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

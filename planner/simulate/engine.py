@@ -190,6 +190,7 @@ class EngineStats:
     """Totals over a run."""
 
     steps: int = 0
+    tokens: int = 0  # computed in all: prompts, recomputed ones and decodes
     preemptions: int = 0
     refused: int = 0
     busy_s: float = 0.0
@@ -682,6 +683,7 @@ class _Engine:
         step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs) * self.factor
         self.now += step
         stats.steps += 1
+        stats.tokens += tokens
         stats.busy_s += step
         computed += got
         emit = scheduled & (computed == run.prompt[:n] + run.generated[:n])
@@ -760,6 +762,7 @@ class _Engine:
         self.now += step
         now = self.now
         stats.steps += 1
+        stats.tokens += tokens
         stats.busy_s += step
         run.progress[:, :n0] += 1  # generated and computed
         phases.advance(1)
@@ -864,6 +867,7 @@ class _Engine:
         stats = self.stats
         stats.busy_s += _fsum(steps[:k])
         stats.steps += k
+        stats.tokens += n * k
         stats.stretches += 1
         # Every request emitted at the last step's end, so the gaps are the step times.
         gaps = times[:k].copy()

@@ -98,6 +98,8 @@ class EngineView(Figures):
     # found there (None from an engine without the counters, or a run stored before).
     prefix_queries: float | None = None
     prefix_hits: float | None = None
+    # Tokens per engine step over the run: its count is the steps the engine took.
+    iteration_tokens: HistogramDelta | None = None
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -213,6 +215,7 @@ def engine_view(before: ParsedScrape, after: ParsedScrape) -> EngineView:
         preemptions=counter_delta(before, after, "preemptions_total"),
         prefix_queries=counter_delta(before, after, "prefix_cache_queries_total"),
         prefix_hits=counter_delta(before, after, "prefix_cache_hits_total"),
+        iteration_tokens=histogram_delta(before, after, "iteration_tokens"),
     )
 
 

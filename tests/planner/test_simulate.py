@@ -184,7 +184,9 @@ def test_vectorised_engine_matches_the_plain_scheduler(
     fast = list(simulate(traffic, config, cost, fast_stats))
     key = lambda r: (r.request.arrival_s, r.request.prompt_tokens)  # noqa: E731
     assert sorted(plain, key=key) == sorted(slow, key=key) == sorted(fast, key=key)
-    counts = [(s.steps, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)]
+    counts = [
+        (s.steps, s.tokens, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)
+    ]
     assert counts[0] == counts[1] == counts[2]
     assert fast_stats.busy_s == pytest.approx(plain_stats.busy_s, rel=1e-12)
     # The stretches ran (a run without any would pass the comparison without testing them).
@@ -337,7 +339,9 @@ def test_held_turns_match_the_plain_scheduler(name: str) -> None:
     fast = list(simulate(traffic, config, COST, fast_stats))
     assert sorted(plain, key=_by_turn) == sorted(slow, key=_by_turn) == sorted(fast, key=_by_turn)
     assert len(fast) == 300 and fast_stats.refused > 0 and fast_stats.stretches > 0
-    counts = [(s.steps, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)]
+    counts = [
+        (s.steps, s.tokens, s.preemptions, s.refused) for s in (plain_stats, slow_stats, fast_stats)
+    ]
     assert counts[0] == counts[1] == counts[2]
     # Held: most turns arrived later than they were due (a held turn arrives when the one
     # before it ends, at no time any turn was due).

@@ -249,6 +249,7 @@ def reference_simulate(
         step = cost.step_s(tokens, kv_tokens, len(scheduled), pairs)
         now += step
         stats.steps += 1
+        stats.tokens += tokens
         stats.busy_s += step
         for seq, n in scheduled:
             seq.computed += n
