@@ -14,8 +14,8 @@ computed, shares them instead of holding its own copy, and publishes the blocks 
 completes; cached blocks nobody runs with stay until the least recently used are evicted
 for room, a chain's last blocks first. A preempted request's full blocks stay cached too,
 so that, readmitted before they are taken, it recomputes only what was lost. The step's
-duration comes from a `StepCost`; the step that completes a prompt
-emits the first token, each decode step one more.
+duration comes from a `StepCost`; the step that completes a prompt emits the first token,
+each decode step one more.
 
 The running set lives in numpy arrays (one step costs a few array operations whatever the
 batch), and stretches of decode-only steps run in one go. Pure and deterministic; memory
