@@ -10,6 +10,7 @@ import pytest
 
 from probes.alerting.evaluate import AlertEvaluator
 from probes.alerting.rules import DEFAULT_RULES, RuleKind
+from storage import derived as d
 from storage import queries as q
 from storage.schemas import RunRow
 from tests.e2e.conftest import LiveWorker
@@ -54,7 +55,8 @@ def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine:
     fired: set[str] = set()
     # A rule fires only after its condition has held for `for_s`: a preemption late in the run
     # fires after the load has ended, so evaluation goes on a while (within the rule's window).
-    deadline, after_load = time.time() + 240, None
+    began = time.time()
+    deadline, after_load = began + 240, None
     while time.time() < deadline:
         evaluator.run()
         fired |= {a.rule for a in q.open_alerts(store)}
@@ -67,7 +69,7 @@ def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine:
     assert ended and ended[0].status == "done", ended and (ended[0].status, ended[0].error)
     preempted = ended[0].summary.get("preemptions")
     assert preempted, f"the load did not preempt ({preempted}): nothing for the alert to see"
-    assert wanted <= fired, fired
+    assert wanted <= fired, (fired, _kv_seen(live, began))
     # Load gone: both resolve (KV usage falls, the preemption rate drops to zero).
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -81,3 +83,11 @@ def test_kv_pressure_fires_and_resolves_the_alerts(live: LiveWorker, cpu_engine:
     for kind in ("alert_fired", "alert_resolved"):
         assert any(e.kind == kind and names[RuleKind.KV_LEVEL] in e.message for e in events)
         assert any(e.kind == kind and names[RuleKind.PREEMPTIONS] in e.message for e in events)
+
+
+def _kv_seen(live: LiveWorker, since: float) -> str:
+    """What the worker stored of the engine's KV usage since `since`, for a failure's message."""
+    target = q.get_target(live.worker.store, "embedded")
+    grid = d.Grid(since, time.time(), 1.0, 0)
+    kv = d.gauge(live.worker.store, target.id, "kv_usage", grid).round(2).tolist()
+    return f"KV usage each second: {kv}; health {target.health} ({target.health_message})"
