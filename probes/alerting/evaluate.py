@@ -40,14 +40,18 @@ class Finding:
 
 
 def _grid(now: float, for_s: float, window_s: float = 0.0) -> d.Grid:
-    """Points over the last `for_s` seconds (a single point when it is 0), read at the
-    resolution the whole span needs: raw samples are kept only for hours, so a rule over
-    days reads the rollups (the same choice as the pages')."""
+    """Points over the last `for_s` seconds, evenly spaced from its start to now (a single
+    point when it is 0), read at the resolution the whole span needs: raw samples are kept
+    only for hours, so a rule over days reads the rollups (the same choice as the pages').
+    The step is shortened to land on the start: a 4 s rule on 5 s points would be judged on
+    one sample, a 7 s one on its last 5 s."""
     res = d.choose_resolution(for_s + window_s)
     if for_s <= 0:
         return d.Grid(now, now, 1.0, res)
-    step = max(5.0, min(30.0, for_s / 6), float(res))
-    return d.Grid(now - for_s, now, step, res)
+    widest = max(5.0, min(30.0, for_s / 6), float(res))
+    step = for_s / math.ceil(for_s / widest)
+    # A hair before the start, so rounding does not drop the point on it.
+    return d.Grid(now - for_s - 1e-6 * step, now, step, res)
 
 
 def _sustained(values: np.ndarray, above: float) -> tuple[bool, float | None]:

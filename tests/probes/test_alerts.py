@@ -90,6 +90,18 @@ def test_levels_fire_after_their_duration_and_resolve(
     assert not _at(store, rule, tid, T0 + 700)  # back down: resolved
 
 
+@pytest.mark.parametrize("for_s", [4.0, 7.0, 13.0])
+def test_a_short_duration_is_judged_from_its_start(store: Engine, for_s: float) -> None:
+    """Points are 5 s apart at most, so a rule held for less, or for no multiple of 5, must
+    still look back to its start: 4 s on one sample, or 7 s on its last 5, fired early."""
+    tid = _target(store)
+    # A sample a second; high from T0 + 100.
+    _series(store, tid, T0, T0 + 200, lambda t: {"kv_usage": 0.95 if t >= T0 + 100 else 0.5}, 1.0)
+    rule = _rule(RuleKind.KV_LEVEL, threshold=0.9, for_s=for_s)
+    assert not _at(store, rule, tid, T0 + 100 + for_s - 1.5)
+    assert _at(store, rule, tid, T0 + 100 + for_s + 0.5)
+
+
 def test_preemptions_per_second(store: Engine) -> None:
     tid = _target(store)
     rule = _rule(RuleKind.PREEMPTIONS, threshold=0.0, for_s=30, window_s=60)
