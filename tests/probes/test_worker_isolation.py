@@ -3,7 +3,6 @@ heartbeat, or keep an engine stop waiting behind slow checks and a long probe.""
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -117,10 +116,18 @@ def test_frozen_targets_slow_nobody(tmp_path: Path) -> None:
         expected = (steady_to - steady_from) / INTERVAL_S
         assert len(starts) >= max(5.0, expected - 2), (i, len(starts), expected)
         drifts += list(np.abs(np.diff(starts) - INTERVAL_S))
-    p99 = float(np.quantile(drifts, 0.99))
-    print(f"healthy scrape interval drift: median {statistics.median(drifts) * 1000:.0f} ms, "
-          f"p99 {p99 * 1000:.0f} ms; engine stop {stop_took:.1f} s")  # fmt: skip
-    assert p99 < 0.5, p99
+    median, p99, worst = np.quantile(drifts, [0.5, 0.99, 1.0])
+    ms = {
+        name: f"{v * 1000:.0f} ms" for name, v in (("median", median), ("p99", p99), ("max", worst))
+    }
+    print(f"healthy scrape interval drift: {ms}; engine stop {stop_took:.1f} s")
+    # Frozen neighbours sharing the healthy targets' threads would hold their scrapes back
+    # in most intervals (the median) or by whole deadlines one after another (the max).
+    # Alone with two cores spinning the median is 0-1 ms and the max 10 ms; late in the
+    # suite with one core spinning the p99 once read 0.7 s (median 1 ms): a stall of the
+    # whole test process delays every target at once, so the tail is not judged alone.
+    assert median < 0.05, median
+    assert worst < 2 * INTERVAL_S, worst
     for i in range(10):
         frozen_target = q.get_target(w.store, f"frozen{i}")
         assert frozen_target.health == "down"
