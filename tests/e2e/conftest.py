@@ -109,7 +109,14 @@ def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> Iterator[str]:
     this process) reads them from their KVSCOPE_TOKEN_ variables when it spawns the engine."""
     build_tiny_model(e2e_settings)
     spec = embedded_spec(e2e_settings).model_copy(
-        update={"api_key_env": ENGINE_KEY_ENV, "hf_token_env": HF_TOKEN_ENV}
+        update={
+            "api_key_env": ENGINE_KEY_ENV,
+            "hf_token_env": HF_TOKEN_ENV,
+            # vLLM's /pause and /resume (dev mode, off the allowlists: the owner's
+            # --allow-unsafe): the burst test holds the scheduler until its burst is queued.
+            "env": {"VLLM_SERVER_DEV_MODE": "1"},
+            "allow_unsafe": True,
+        }
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENGINE_KEY_ENV, API_KEY)

@@ -14,8 +14,11 @@ depend on the machine's speed, so they hold on a busy machine.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import httpx
 import pytest
 
 from planner.simulate import EngineStats, SimRequest, StepCost, simulate
@@ -24,8 +27,9 @@ from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
 from probes.kinds.latency import Result, notes
 from storage import queries as q
+from storage.schemas import RunRow
 from storage.settings import Settings
-from tests.e2e.conftest import LiveWorker
+from tests.e2e.conftest import API_KEY, LiveWorker
 
 pytestmark = pytest.mark.engine
 
@@ -51,6 +55,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 RATE, DURATION_S = 2.0, 10.0
+# How long the scheduler stays paused once the burst's run began (two spinning processes
+# beside the suite spread a burst over 5 s).
+HOLD_S = 10.0
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -95,28 +102,72 @@ def test_a_burst_that_outgrows_the_kv_cache_preempts_as_often_as_vllm(
     preemptions each time, as the simulator says; with a block count 10 % off either way
     it says 9 or 6. The issue's target is within 25 %. The steps the engine took (its
     `iteration_tokens` histogram's count) are the schedule's length: 987 and 988 measured,
-    990 simulated, on a quiet machine and mostly on a busy one. Where the API server is
-    starved the burst reaches the engine over more steps, and the schedule is that much
-    longer with the same 7 preemptions: 1,015 to 1,077 seen (CI and a spinning core), so
-    the steps are held to 2 % under and 15 % over; counting tokens, or prefills only,
-    would be far out."""
+    990 simulated, on a quiet machine.
+
+    Where the API server is starved (CI, a core kept spinning beside the engine) a burst
+    sent as it comes reaches the scheduler over a second or more, and the count follows how
+    it trickled in: the simulator says 5 to 9 for the 24 spread at random over 0.8-1.6 s;
+    CI once measured 5, and two spinning processes beside the suite gave 0-5 preemptions in
+    1,208-3,298 steps, four tries out of four. So the scheduler is paused (vLLM's /pause,
+    keeping what arrives) while the burst is sent and resumed once the API server has had
+    time to queue it. The engine's steps say whether it did: a burst that took over 5 %
+    more steps than the simulator's did not reach the scheduler whole, and is sent again
+    with prompts of its own (the same ones would meet the prefix cache), three times at
+    most."""
     n, prompt, output, rate = 24, 256, 700, 500.0
-    run = live.request(
-        "latency", timeout=600, target="embedded", rate=rate, duration_s=1.0,
-        arrival="constant", prompt_tokens=prompt, output_tokens=output, max_requests=n,
-        seed=4_417, request_timeout_s=300,
-    )  # fmt: skip
-    assert run.status == "done", run.error
-    result = Result.model_validate(run.summary)
-    assert result.engine is not None and result.ok == result.requests == n
-    measured = result.engine.preemptions
     spec = parse_spec(q.get_started_spec(live.worker.store, "embedded") or {})
     config = engine_config(spec, e2e_settings.data_dir)
     stats = EngineStats()
     cost = StepCost(0.004, 0.0, 0.0, 3e-6, additive=True, seq_s=1e-4)  # (any: see above)
     list(simulate([SimRequest(i / rate, prompt, output) for i in range(n)], config, cost, stats))
     assert stats.preemptions == 7
-    assert measured is not None and abs(measured - stats.preemptions) <= 0.25 * stats.preemptions
-    steps = result.engine.iteration_tokens
-    assert steps is not None and steps.count is not None
-    assert 0.98 * stats.steps <= steps.count <= 1.15 * stats.steps, (measured, steps.count)
+    tries: list[tuple[float, float]] = []
+    for attempt in range(3):
+        result = _held_burst(live, cpu_engine, {
+            "rate": rate, "duration_s": 1.0, "arrival": "constant", "prompt_tokens": prompt,
+            "output_tokens": output, "max_requests": n, "seed": 4_417 + attempt,
+        })  # fmt: skip
+        assert result.engine is not None and result.ok == result.requests == n
+        steps = result.engine.iteration_tokens
+        assert result.engine.preemptions is not None and steps and steps.count is not None
+        tries.append((result.engine.preemptions, steps.count))
+        assert steps.count >= 0.98 * stats.steps, tries  # (fewer steps than the burst needs)
+        if steps.count <= 1.05 * stats.steps:
+            break
+    measured, count = tries[-1]
+    why = f"(preemptions, steps) of each try: {tries}; simulated {stats.preemptions}, {stats.steps}"
+    assert count <= 1.05 * stats.steps, f"the burst never reached the scheduler whole: {why}"
+    assert abs(measured - stats.preemptions) <= 0.25 * stats.preemptions, why
+
+
+def _held_burst(live: LiveWorker, base_url: str, params: dict[str, Any]) -> Result:
+    """A latency run sent while the engine's scheduler is paused, resumed `HOLD_S` after the
+    run began: time to build 24 prompts, send them and for the API server to queue them."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    ended: list[RunRow] = []
+    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as engine:
+        engine.post("/pause", params={"mode": "keep"}).raise_for_status()
+        try:
+            kwargs = {"timeout": 600, "target": "embedded", "request_timeout_s": 300, **params}
+            sender = threading.Thread(
+                target=lambda: ended.append(live.request("latency", **kwargs))
+            )
+            sender.start()
+            _wait_running(live)
+            time.sleep(HOLD_S)
+        finally:
+            engine.post("/resume").raise_for_status()
+    sender.join()
+    assert ended and ended[0].status == "done", ended and ended[0].error
+    return Result.model_validate(ended[0].summary)
+
+
+def _wait_running(live: LiveWorker, timeout: float = 60.0) -> None:
+    """Until the worker has taken the newest latency run."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = q.list_runs(live.worker.store, kind="latency", limit=1)
+        if runs and runs[0].status == "running":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the worker did not take the burst's run in {timeout} s")
