@@ -9,7 +9,9 @@ of the schedule, decodes, prefill chunks and recomputation included.
 Two engines: the embedded one's settings (511 blocks of 32, 128 sequences, 2,048 tokens a
 step) and the fidelity benchmark's small cache (95 blocks, 8 sequences, 512 tokens a step),
 each with prefix caching on (vLLM's default) and off. Each burst is sent with prompts of
-its own several times; the simulator gets the same requests at the same send times.
+its own several times, with vLLM's scheduler paused until it is queued (`tests.support.held`:
+a starved API server otherwise hands a burst on over many steps); the simulator gets the
+same requests at the same send times.
 
     .venv/bin/python -m benchmarks.burst_preemptions             # ~6 min
 """
@@ -20,10 +22,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from benchmarks.simulator import ENGINE, SMALL_KV, probe_runner, started_config
+from benchmarks.simulator import ENGINE, SMALL_KV, started_config
 from planner.simulate import EngineStats, SimRequest, StepCost, simulate
 from probes.kinds.latency import Result
-from tests.support import injection
+from storage import queries as q
+from tests.support import held, injection
 
 # (engine settings, label, bursts as (requests, prompt tokens, answer tokens))
 EMBEDDED = {"max_num_seqs": 128, "enable_chunked_prefill": True, "max_num_batched_tokens": 2048}
@@ -49,21 +52,22 @@ def main() -> None:
     seed = 20_000
     for settings, label, bursts in ENGINES:
         for caching in (True, False):
-            spec = settings | {"enable_prefix_caching": caching}
-            with injection.diag_worker(venv, spec) as (worker, request):
-                run = probe_runner(request)
+            spec = settings | {"enable_prefix_caching": caching, "allow_unsafe": True}
+            with injection.diag_worker(venv, spec, held.DEV_MODE) as (worker, request):
+                url = q.get_target(worker.store, injection.NAME).base_url
                 config = started_config(worker)
                 for n, prompt, output in bursts:
                     counts, steps = [], []
                     for _ in range(args.repeats):
                         seed += 1
-                        _, summary = run(
-                            "latency",
-                            dict(rate=RATE, duration_s=1.0, arrival="constant", seed=seed,
-                                 prompt_tokens=prompt, output_tokens=output, max_requests=n,
-                                 request_timeout_s=600),
-                        )  # fmt: skip
-                        result = Result.model_validate(summary)
+                        done = held.held_run(worker.store, request, url, dict(
+                            target=injection.NAME, timeout=900, rate=RATE, duration_s=1.0,
+                            arrival="constant", seed=seed, prompt_tokens=prompt,
+                            output_tokens=output, max_requests=n, request_timeout_s=600,
+                        ))  # fmt: skip
+                        if done.status != "done":
+                            raise SystemExit(f"the burst ended {done.status}: {done.error}")
+                        result = Result.model_validate(done.summary)
                         engine = result.engine
                         if engine is None or engine.preemptions is None:
                             raise SystemExit("the engine's preemption counter was not read")

@@ -14,11 +14,8 @@ depend on the machine's speed, so they hold on a busy machine.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
-import httpx
 import pytest
 
 from planner.simulate import EngineStats, SimRequest, StepCost, simulate
@@ -27,9 +24,9 @@ from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
 from probes.kinds.latency import Result, notes
 from storage import queries as q
-from storage.schemas import RunRow
 from storage.settings import Settings
 from tests.e2e.conftest import API_KEY, LiveWorker
+from tests.support.held import held_run
 
 pytestmark = pytest.mark.engine
 
@@ -55,9 +52,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 RATE, DURATION_S = 2.0, 10.0
-# How long the scheduler stays paused once the burst's run began (two spinning processes
-# beside the suite spread a burst over 5 s).
-HOLD_S = 10.0
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -123,10 +117,13 @@ def test_a_burst_that_outgrows_the_kv_cache_preempts_as_often_as_vllm(
     assert stats.preemptions == 7
     tries: list[tuple[float, float]] = []
     for attempt in range(3):
-        result = _held_burst(live, cpu_engine, {
-            "rate": rate, "duration_s": 1.0, "arrival": "constant", "prompt_tokens": prompt,
-            "output_tokens": output, "max_requests": n, "seed": 4_417 + attempt,
-        })  # fmt: skip
+        run = held_run(live.worker.store, live.request, cpu_engine, {
+            "target": "embedded", "timeout": 600, "rate": rate, "duration_s": 1.0,
+            "arrival": "constant", "prompt_tokens": prompt, "output_tokens": output,
+            "max_requests": n, "seed": 4_417 + attempt, "request_timeout_s": 300,
+        }, api_key=API_KEY)  # fmt: skip
+        assert run.status == "done", run.error
+        result = Result.model_validate(run.summary)
         assert result.engine is not None and result.ok == result.requests == n
         steps = result.engine.iteration_tokens
         assert result.engine.preemptions is not None and steps and steps.count is not None
@@ -138,36 +135,3 @@ def test_a_burst_that_outgrows_the_kv_cache_preempts_as_often_as_vllm(
     why = f"(preemptions, steps) of each try: {tries}; simulated {stats.preemptions}, {stats.steps}"
     assert count <= 1.05 * stats.steps, f"the burst never reached the scheduler whole: {why}"
     assert abs(measured - stats.preemptions) <= 0.25 * stats.preemptions, why
-
-
-def _held_burst(live: LiveWorker, base_url: str, params: dict[str, Any]) -> Result:
-    """A latency run sent while the engine's scheduler is paused, resumed `HOLD_S` after the
-    run began: time to build 24 prompts, send them and for the API server to queue them."""
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    ended: list[RunRow] = []
-    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as engine:
-        engine.post("/pause", params={"mode": "keep"}).raise_for_status()
-        try:
-            kwargs = {"timeout": 600, "target": "embedded", "request_timeout_s": 300, **params}
-            sender = threading.Thread(
-                target=lambda: ended.append(live.request("latency", **kwargs))
-            )
-            sender.start()
-            _wait_running(live)
-            time.sleep(HOLD_S)
-        finally:
-            engine.post("/resume").raise_for_status()
-    sender.join()
-    assert ended and ended[0].status == "done", ended and ended[0].error
-    return Result.model_validate(ended[0].summary)
-
-
-def _wait_running(live: LiveWorker, timeout: float = 60.0) -> None:
-    """Until the worker has taken the newest latency run."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        runs = q.list_runs(live.worker.store, kind="latency", limit=1)
-        if runs and runs[0].status == "running":
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the worker did not take the burst's run in {timeout} s")
