@@ -11,7 +11,7 @@ step) and the fidelity benchmark's small cache (95 blocks, 8 sequences, 512 toke
 each with prefix caching on (vLLM's default) and off. Each burst is sent with prompts of
 its own several times, with vLLM's scheduler paused until it is queued (`tests.support.held`:
 a starved API server otherwise hands a burst on over many steps); the simulator gets the
-same requests at the same send times.
+same requests, all at once, as the scheduler gets them when it resumes.
 
     .venv/bin/python -m benchmarks.burst_preemptions             # ~6 min
 """
@@ -75,7 +75,7 @@ def main() -> None:
                         if engine.iteration_tokens is not None:
                             steps.append(int(engine.iteration_tokens.count or 0))
                     stats = EngineStats()
-                    burst = [SimRequest(i / RATE, prompt, output) for i in range(n)]
+                    burst = [SimRequest(0.0, prompt, output) for _ in range(n)]  # (held)
                     list(simulate(burst, config, COST, stats))
                     median = sorted(counts)[len(counts) // 2]
                     error = (stats.preemptions - median) / median if median else float("nan")
