@@ -52,8 +52,8 @@ def main() -> None:
     seed = 20_000
     for settings, label, bursts in ENGINES:
         for caching in (True, False):
-            spec = settings | {"enable_prefix_caching": caching, "allow_unsafe": True}
-            with injection.diag_worker(venv, spec, held.DEV_MODE) as (worker, request):
+            spec = settings | {"enable_prefix_caching": caching}
+            with injection.diag_worker(venv, spec, held.dev_mode) as (worker, request):
                 url = q.get_target(worker.store, injection.NAME).base_url
                 config = started_config(worker)
                 for n, prompt, output in bursts:

@@ -22,7 +22,7 @@ from probes.worker import Worker
 from storage import queries as q
 from storage.schemas import RunRow
 from storage.settings import Settings
-from tests.support.held import DEV_MODE
+from tests.support.held import dev_mode
 from tests.support.waiting import free_port, queue_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,16 +109,10 @@ def cpu_engine(live: LiveWorker, e2e_settings: Settings) -> Iterator[str]:
     its base URL. Both are given by reference, as a spec always gives them: the worker (in
     this process) reads them from their KVSCOPE_TOKEN_ variables when it spawns the engine."""
     build_tiny_model(e2e_settings)
-    spec = embedded_spec(e2e_settings)
-    spec = spec.model_copy(
-        update={
-            "api_key_env": ENGINE_KEY_ENV,
-            "hf_token_env": HF_TOKEN_ENV,
-            # vLLM's /pause and /resume (dev mode, off the allowlists: the owner's
-            # --allow-unsafe): the burst test holds the scheduler until its burst is queued.
-            "env": spec.env | DEV_MODE,
-            "allow_unsafe": True,
-        }
+    # Dev mode: vLLM's /pause and /resume, with which the burst test holds the scheduler
+    # until its burst is queued.
+    spec = dev_mode(embedded_spec(e2e_settings)).model_copy(
+        update={"api_key_env": ENGINE_KEY_ENV, "hf_token_env": HF_TOKEN_ENV}
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENGINE_KEY_ENV, API_KEY)

@@ -1,7 +1,7 @@
 """A burst sent while vLLM's scheduler is paused, so it reaches the scheduler whole however
 starved the API server is (on two busy cores a burst sent as it comes trickled in over
-seconds). vLLM serves `/pause` and `/resume` in its dev mode only: an engine that takes
-`DEV_MODE` in its environment, which is outside the allowlists (the owner's --allow-unsafe)."""
+seconds). vLLM serves `/pause` and `/resume` in its dev mode only: an engine spec made by
+`dev_mode`, outside the allowlists (the owner's --allow-unsafe)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,21 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine
 
+from probes.engine.spec import EngineSpec
 from storage import queries as q
 from storage.schemas import RunRow
 from tests.support.injection import Request
 
-DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 # How long the scheduler stays paused once the run began: building the prompts, sending
 # them, the API server queueing them (two spinning processes beside the suite spread a
 # burst over 5 s).
 HOLD_S = 10.0
+
+
+def dev_mode(spec: EngineSpec) -> EngineSpec:
+    """`spec` with vLLM's dev mode on, which only the owner's --allow-unsafe permits."""
+    env = spec.env | {"VLLM_SERVER_DEV_MODE": "1"}
+    return spec.model_copy(update={"env": env, "allow_unsafe": True})
 
 
 def held_run(

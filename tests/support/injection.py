@@ -147,11 +147,11 @@ def confusion(pairs: list[tuple[str, str]]) -> str:
 def diag_worker(
     engine_venv: Path,
     spec_update: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
+    adjust: Callable[[EngineSpec], EngineSpec] | None = None,
 ) -> Iterator[tuple[Worker, Request]]:
     """For the benchmarks: a worker of their own on a throwaway store, ticking in a thread,
-    with the diag engine started (its spec changed by `spec_update` and its environment
-    added to by `env`, if given); everything
+    with the diag engine started (its spec changed by `spec_update`, then by `adjust`, if
+    given); everything
     stopped afterwards. Yields the worker and a `request(kind, target=..., **params)` that
     queues a run and waits for its outcome."""
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as folder:
@@ -178,7 +178,8 @@ def diag_worker(
         ticker.start()
         try:
             spec = diag_spec(embedded_spec(settings), free_port())
-            spec = spec.model_copy(update=(spec_update or {}) | {"env": spec.env | (env or {})})
+            spec = spec.model_copy(update=spec_update or {})
+            spec = adjust(spec) if adjust else spec
             q.save_engine_spec(worker.store, spec.name, spec.model_dump())
             started = request("engine_start", name=spec.name)
             if started.status != "done":
