@@ -346,6 +346,7 @@ class Sampler:
     ctx: ProbeContext
     every_s: float = 1.0
     points: list[SamplePoint] = field(default_factory=list)
+    block_size: int | None = None  # the engine's, from its cache_config_info
     _task: asyncio.Task[None] | None = None
     _t0: float = 0.0
 
@@ -374,6 +375,8 @@ class Sampler:
             return
         kv = _mean(scrape, "kv_usage")
         blocks = scrape.cache_info.get("num_gpu_blocks")
+        if (size := scrape.cache_info.get("block_size", "")).isdigit():
+            self.block_size = int(size)
         free = None
         if kv is not None and blocks and blocks.isdigit():
             # vLLM: usage = 1 - free / (num_blocks - 1); one block is the null block.

@@ -2,8 +2,9 @@
 
 Each step sends `batch` requests of `context` tokens at once. vLLM's paged cache does not
 crash when it runs out of blocks: it queues and preempts. So the first limit met is usually
-`kv_exhausted` (not every sequence could hold its KV at once); beyond it come requests
-`rejected_too_long` (over max_model_len), `engine_oom`, `engine_crashed` or `timeout`.
+`kv_exhausted` (not every sequence could hold its KV at once: one was preempted, or waited
+while fewer blocks were free than it needs); beyond it come requests `rejected_too_long`
+(over max_model_len), `engine_oom`, `engine_crashed` or `timeout`.
 Destructive by nature: it needs `confirm`, and a managed engine unless `allow_external`.
 """
 
@@ -32,6 +33,7 @@ from probes.kinds.context import (
     ProbeParams,
     ProbeProgress,
     ProbeResult,
+    SamplePoint,
     Sampler,
     counter_delta,
 )
@@ -101,6 +103,10 @@ class Step(Figures):
     waiting_peak: float | None = None
     preemptions: float | None = None
     preemptions_counted: Counted = None
+    # The tightest moment a sequence waited for KV space: free blocks then, and what one
+    # sequence of this step needs (None: no sample saw one wait with too few free).
+    kv_wait_free_blocks: float | None = None
+    blocks_needed: int | None = None
     ttft_p50_s: float | None = None
     e2e_p50_s: float | None = None
     outcome: Outcome
@@ -144,13 +150,31 @@ class Result(ProbeResult):
     message: str
 
 
+def kv_bound_wait(points: Sequence[SamplePoint], needed: int) -> SamplePoint | None:
+    """The sample with the fewest free blocks among those where a sequence waited while
+    fewer blocks were free than one sequence of the step needs (None if none did).
+
+    Where the batch fits, a waiting sequence always finds its blocks free (the others hold
+    at most theirs), so such a sample proves it does not: vLLM queued instead of preempting,
+    as it does when the batch's requests reach the scheduler spread out (a busy host).
+    """
+    short = [
+        p
+        for p in points
+        if (p.waiting or 0) >= 1 and p.free_blocks is not None and p.free_blocks < needed
+    ]
+    return min(short, key=lambda p: p.free_blocks or 0.0) if short else None
+
+
 def classify(
     records: Sequence[RequestResult],
     batch: int,
     peaks: Mapping[str, float | None],
     preemptions: float | None,
+    kv_wait: tuple[float, int] | None = None,
 ) -> tuple[Outcome, str]:
-    """What one step showed, and a line saying why."""
+    """What one step showed, and a line saying why. `kv_wait` is `kv_bound_wait`'s moment
+    as (free blocks, blocks one sequence needs)."""
     errors = [r for r in records if r.status == "error"]
     if errors:
         texts = [r.error or "" for r in errors]
@@ -163,13 +187,19 @@ def classify(
         return "errors", f"{len(errors)} of {len(records)} requests failed: {texts[0][:200]}"
     if preemptions:
         return "kv_exhausted", f"{preemptions:.0f} preemption(s): the batch's KV did not fit"
+    if kv_wait is not None:
+        free, needed = kv_wait
+        return "kv_exhausted", (
+            f"no preemption, but a sequence waited while {free:.0f} blocks were free of the "
+            f"{needed} it needs: vLLM queued it, the batch's KV did not fit at once"
+        )
     waiting = peaks.get("waiting") or 0
     if waiting:
-        # Not a limit by itself: a prompt can wait for the prefill token budget, or for KV
-        # space to be admitted. Only a preemption proves the cache ran out mid-flight.
+        # Not a limit by itself: a prompt waits for the prefill token budget too, and no
+        # sample showed it short of blocks.
         return "ok", (
-            f"no preemption; up to {waiting:.0f} sequence(s) waited to be admitted "
-            "(prefill budget or KV space)"
+            f"no preemption; up to {waiting:.0f} sequence(s) waited to be admitted, and no "
+            "sample saw one short of KV blocks (the prefill token budget)"
         )
     return "ok", f"all {batch} sequences fit (no preemption)"
 
@@ -225,7 +255,10 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
         "running": sampler.peak("running"),
         "waiting": sampler.peak("waiting"),
     }
-    outcome, why = classify(result.records, params.batch, peaks, preemptions)
+    needed = -(-context // sampler.block_size) if sampler.block_size else None
+    wait = kv_bound_wait(sampler.points, needed) if needed else None
+    kv_wait = (wait.free_blocks or 0.0, needed) if wait is not None and needed else None
+    outcome, why = classify(result.records, params.batch, peaks, preemptions, kv_wait)
     if outcome == "errors" and not await ctx.healthy():
         outcome, why = "engine_crashed", f"the engine stopped answering its health check: {why}"
     ok = [r for r in result.records if r.status == "ok"]
@@ -239,6 +272,8 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
         waiting_peak=peaks["waiting"],
         preemptions=preemptions,
         preemptions_counted=counted,
+        kv_wait_free_blocks=kv_wait[0] if kv_wait else None,
+        blocks_needed=needed,
         ttft_p50_s=percentiles([x for r in ok if (x := r.ttft_s) is not None]).p50,
         e2e_p50_s=percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,
         outcome=outcome,
@@ -419,6 +454,8 @@ def table(r: Result) -> list[Row]:
             "running_peak",
             "waiting_peak",
             "preemptions",
+            "kv_wait_free_blocks",
+            "blocks_needed",
             "ttft_p50_s",
             "e2e_p50_s",
             "bisect",

@@ -191,16 +191,31 @@ def test_batch_sweep_finds_a_knee(live: LiveWorker, cpu_engine: str) -> None:
 def test_oom_probe_finds_the_frontier_the_planner_predicts(
     live: LiveWorker, cpu_engine: str
 ) -> None:
-    s = _probe(live, "oom", confirm=True, batch=4, start_context=1024, step=1024, search="bisect")
+    # 256-token answers, not the default 64: beside a CPU hog the four requests reach the
+    # scheduler spread out, and a batch one block too big preempts only if the first is
+    # still decoding when the last needs its final block (with 64, steps up to 8,160
+    # tokens ran without one; a sequence queued short of blocks also fails a step now).
+    s = _probe(
+        live,
+        "oom",
+        confirm=True,
+        batch=4,
+        start_context=1024,
+        step=1024,
+        output_tokens=256,
+        search="bisect",
+    )
     predicted = s["predicted"]["context"]
     assert predicted == (512 - 1) // 4 * 32  # 4064 tokens each: the planner, from the spec
     assert s["failure"]["kind"] == "kv_exhausted"
     # Measured to within one block (the bisection's granularity): vLLM agrees.
-    steps = [
-        {k: x[k] for k in ("context", "outcome", "preemptions", "preemptions_counted",
-                           "running_peak", "waiting_peak", "ttft_p50_s", "e2e_p50_s")}
+    steps = "\n".join(
+        f"{x['context']} {x['outcome']}: {x['preemptions']} preempted ({x['preemptions_counted']}),"
+        f" peaks {x['running_peak']} running {x['waiting_peak']} waiting {x['kv_usage_peak']} KV,"
+        f" {x['kv_wait_free_blocks']} of {x['blocks_needed']} blocks free while one waited,"
+        f" E2E p50 {x['e2e_p50_s']} s"
         for x in s["steps"]
-    ]  # fmt: skip
+    )
     assert s["last_good_context"] <= predicted < s["failure"]["context"], steps
     assert s["failure"]["context"] - s["last_good_context"] <= 32
     assert s["health_after"] == "healthy"

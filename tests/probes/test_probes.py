@@ -14,7 +14,7 @@ from probes.kinds import capacity, get_kind, latency, parse_params
 from probes.kinds.batch_sweep import Step, find_knee, past_knee
 from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
 from probes.kinds.kv_usage import message, trend
-from probes.kinds.oom import classify
+from probes.kinds.oom import classify, kv_bound_wait
 from probes.kinds.runner import execute
 from probes.load.generator import Percentiles, RequestResult
 from probes.vllm.client import Target
@@ -81,6 +81,45 @@ def test_oom_step_outcomes(
     records: list[RequestResult], peaks: dict[str, float | None], pre: float, outcome: str
 ) -> None:
     assert classify(records, 4, peaks, pre)[0] == outcome
+
+
+def test_a_sequence_waiting_with_too_few_blocks_free_exhausts_the_cache() -> None:
+    """vLLM queues a sequence it cannot hold rather than preempt when the batch reaches its
+    scheduler spread out (a busy host): a step with no preemption still fails the cache."""
+
+    def at(t: int, waiting: float | None, free: float | None) -> SamplePoint:
+        return SamplePoint(t=t, ts=t, waiting=waiting, free_blocks=free)
+
+    points = [at(0, 0, 500), at(1, 2, 300), at(2, 1, 40), at(3, 1, 3), at(4, 0, 2)]
+    # 128 blocks a sequence: waiting beside 300 free is the prefill budget, not a limit.
+    assert kv_bound_wait(points, 128) == points[3]  # the tightest moment
+    assert kv_bound_wait(points, 40) == points[3]
+    assert kv_bound_wait(points, 3) is None  # 3 free was enough; at t=4 nobody waited
+    assert kv_bound_wait([at(0, None, 1), at(1, 1, None)], 128) is None  # gaps prove nothing
+    records = [_rec()] * 4
+    outcome, why = classify(records, 4, {"waiting": 1}, 0, (3, 128))
+    assert outcome == "kv_exhausted"
+    assert why.startswith("no preemption, but a sequence waited while 3 blocks were free of")
+    outcome, why = classify(records, 4, {"waiting": 2}, 0, None)
+    assert outcome == "ok" and "no sample saw one short of KV blocks" in why
+    assert classify(records, 4, {}, 2, (3, 128))[1].startswith("2 preemption(s)")
+
+
+def test_an_oom_step_that_queued_a_sequence_for_kv_space_fails() -> None:
+    params = parse_params(
+        "oom",
+        {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8,
+         "max_context": 1024},
+    )  # fmt: skip
+    # Over 600 prompt tokens, one request waits with 1 block free (of 32 or 64 needed).
+    with serve(FakeConfig(metrics=True, queue_over_tokens=600, itl_s=0.02)) as fake:
+        out = _run("oom", params, fake.url, managed=True)
+    first, second = out.steps
+    assert first.outcome == "ok" and first.kv_wait_free_blocks is None
+    assert first.blocks_needed == 32  # 512 tokens in blocks of 16
+    assert second.outcome == "kv_exhausted" and second.preemptions == 0
+    assert (second.kv_wait_free_blocks, second.blocks_needed) == (1, 64)
+    assert out.last_good_context == 512 and out.failure.context == 1024
 
 
 def test_kv_trend_is_a_slope_per_minute() -> None:

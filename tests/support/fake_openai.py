@@ -62,6 +62,9 @@ class FakeConfig:
     # A prompt over this many tokens counts one preemption (the OOM probe's verdict).
     preempt_over_tokens: int | None = None
     metrics_delay_s: float = 0.0  # /metrics answers this late (a busy engine's API server)
+    # A prompt over this many tokens leaves one request waiting with one block free of 64
+    # until a shorter one comes (vLLM queueing a sequence the cache cannot hold).
+    queue_over_tokens: int | None = None
 
 
 @dataclass
@@ -75,6 +78,7 @@ class FakeOpenAI:
     down_until: float = 0.0  # monotonic
     crashes: list[float] = field(default_factory=list)  # monotonic times of each crash
     preemptions: int = 0
+    queued: bool = False  # queue_over_tokens: one request waits for KV space now
     sent: list[tuple[float, int]] = field(default_factory=list)  # (time, prompt tokens)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
@@ -97,12 +101,18 @@ class FakeOpenAI:
         if method == "GET" and path == "/health":
             return (503 if time.monotonic() < self.down_until else 200), b"", None
         if method == "GET" and path == "/metrics" and cfg.metrics:
+            waiting, usage = (1, 1 - 1 / 63) if self.queued else (0, 0.0)
             text = (
                 f'vllm:num_requests_running{{model_name="{cfg.model}"}} 0.0\n'
-                f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} 0.0\n'
-                f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} 0.0\n'
+                f'vllm:num_requests_waiting{{model_name="{cfg.model}"}} {waiting}\n'
+                f'vllm:kv_cache_usage_perc{{model_name="{cfg.model}"}} {usage}\n'
                 f'vllm:num_preemptions_total{{model_name="{cfg.model}"}} {self.preemptions}\n'
             )
+            if cfg.queue_over_tokens is not None:
+                text += (
+                    f'vllm:cache_config_info{{block_size="16",model_name="{cfg.model}",'
+                    'num_gpu_blocks="64"} 1.0\n'
+                )
             return 200, text.encode(), None
         if method != "POST":
             return 404, b'{"detail":"Not Found"}', None
@@ -140,6 +150,8 @@ class FakeOpenAI:
             return 500, _error("engine dead", "InternalServerError", 500), None
         if cfg.preempt_over_tokens is not None and prompt > cfg.preempt_over_tokens:
             self.preemptions += 1
+        if cfg.queue_over_tokens is not None:
+            self.queued = prompt > cfg.queue_over_tokens
         if cfg.crash_over_tokens is not None and prompt > cfg.crash_over_tokens:
             self.down_until = now + cfg.down_s
             self.crashes.append(now)
