@@ -46,6 +46,7 @@ TOO_LONG = re.compile(
     re.IGNORECASE,
 )
 HEALTH_WAIT_S = 300.0  # how long a crashed managed engine gets to come back
+TOGETHER_TRIES = 3  # a step whose batch never ran all at once is sent again, this often
 OOM = re.compile(r"out of memory|OutOfMemory|No available memory", re.IGNORECASE)
 Outcome = Literal[
     "ok", "kv_exhausted", "rejected_too_long", "engine_oom", "engine_crashed", "timeout", "errors"
@@ -111,6 +112,9 @@ class Step(Figures):
     e2e_p50_s: float | None = None
     outcome: Outcome
     why: str
+    # Every answer began before any ended (the client's clock): the batch ran all at once.
+    together: bool | None = None
+    tries: int = 1
     bisect: bool = False
 
 
@@ -233,10 +237,35 @@ def predicted_frontier(spec: EngineSpec | None, batch: int) -> Frontier | None:
     )
 
 
+def ran_together(records: Sequence[RequestResult]) -> bool | None:
+    """Whether every answer began before any ended: each prompt was in the cache while every
+    other sequence still held its blocks (None: fewer than two answers to compare)."""
+    done = [r for r in records if r.first_token_ts is not None and r.end_ts is not None]
+    if len(done) < 2:
+        return None
+    return max(r.first_token_ts or 0.0 for r in done) < min(r.end_ts or 0.0 for r in done)
+
+
 async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> Step:
+    """One context measured; sent again (new prompts) while it passes without the batch
+    having run all at once, which proves nothing: a busy API server can hand the requests
+    to the scheduler so far apart that the first is done before the last begins."""
+    for attempt in range(TOGETHER_TRIES):
+        step = await _measure(ctx, params, context, params.seed + index + 1000 * attempt)
+        step.tries = attempt + 1
+        if step.outcome != "ok" or step.together is not False:
+            return step
+    step.why += (
+        f"; but in {TOGETHER_TRIES} tries the batch never ran all at once (an answer ended "
+        "before another began), so the fit is not proven"
+    )
+    return step
+
+
+async def _measure(ctx: ProbeContext, params: Params, context: int, seed: int) -> Step:
     prompt = context - params.output_tokens
     profile = FixedProfile(prompt_tokens=prompt, output_tokens=params.output_tokens)
-    specs = await ctx.profile_prompts(profile, params.batch, params.seed + index, params.api)
+    specs = await ctx.profile_prompts(profile, params.batch, seed, params.api)
     # The verdict rests on the preemption counter: read between steps with a patient
     # timeout (a saturated engine's samples time out beside a busy host, and a sampled
     # increase that misses the step's end misses its preemptions). No vLLM metrics, or no
@@ -278,6 +307,7 @@ async def _step(ctx: ProbeContext, params: Params, context: int, index: int) -> 
         e2e_p50_s=percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,
         outcome=outcome,
         why=why,
+        together=ran_together(result.records),
     )
 
 
@@ -458,6 +488,8 @@ def table(r: Result) -> list[Row]:
             "blocks_needed",
             "ttft_p50_s",
             "e2e_p50_s",
+            "together",
+            "tries",
             "bisect",
             "why",
         ),

@@ -213,7 +213,7 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
         f"{x['context']} {x['outcome']}: {x['preemptions']} preempted ({x['preemptions_counted']}),"
         f" peaks {x['running_peak']} running {x['waiting_peak']} waiting {x['kv_usage_peak']} KV,"
         f" {x['kv_wait_free_blocks']} of {x['blocks_needed']} blocks free while one waited,"
-        f" E2E p50 {x['e2e_p50_s']} s"
+        f" together {x['together']} in {x['tries']} tries, E2E p50 {x['e2e_p50_s']} s"
         for x in s["steps"]
     )
     assert s["last_good_context"] <= predicted < s["failure"]["context"], steps

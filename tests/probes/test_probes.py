@@ -4,6 +4,7 @@ and whole runs against the loopback stand-in (the real engine runs them in tests
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,7 +15,7 @@ from probes.kinds import capacity, get_kind, latency, parse_params
 from probes.kinds.batch_sweep import Step, find_knee, past_knee
 from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
 from probes.kinds.kv_usage import message, trend
-from probes.kinds.oom import classify, kv_bound_wait
+from probes.kinds.oom import classify, kv_bound_wait, ran_together
 from probes.kinds.runner import execute
 from probes.load.generator import Percentiles, RequestResult
 from probes.vllm.client import Target
@@ -120,6 +121,28 @@ def test_an_oom_step_that_queued_a_sequence_for_kv_space_fails() -> None:
     assert second.outcome == "kv_exhausted" and second.preemptions == 0
     assert (second.kv_wait_free_blocks, second.blocks_needed) == (1, 64)
     assert out.last_good_context == 512 and out.failure.context == 1024
+
+
+def test_an_oom_step_whose_batch_never_ran_at_once_is_sent_again_and_not_proof() -> None:
+    def rec(first: float | None, end: float | None) -> RequestResult:
+        return dataclasses.replace(_rec(), first_token_ts=first, end_ts=end)
+
+    assert ran_together([rec(1, 5), rec(2, 6), rec(4.9, 9)]) is True
+    assert ran_together([rec(1, 5), rec(5.1, 6)]) is False  # one ended before the other began
+    assert ran_together([rec(1, 5), rec(5.1, 6), rec(None, None)]) is False  # a failed one
+    assert ran_together([rec(1, 5), rec(None, 2)]) is None  # nothing to compare with
+    params = parse_params(
+        "oom",
+        {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8,
+         "max_context": 512},
+    )  # fmt: skip
+    with serve(FakeConfig(metrics=True, itl_s=0.005, one_at_a_time=True)) as fake:
+        out = _run("oom", params, fake.url, managed=True)
+    (step,) = out.steps
+    assert step.outcome == "ok" and step.together is False and step.tries == 3
+    assert fake.generations == 6  # three tries of two
+    assert step.why.endswith("the batch never ran all at once (an answer ended before another "
+                             "began), so the fit is not proven")  # fmt: skip
 
 
 def test_kv_trend_is_a_slope_per_minute() -> None:
@@ -233,11 +256,12 @@ def test_oom_finds_the_context_limit_and_needs_consent() -> None:
     params = parse_params(
         "oom", {"confirm": True, "batch": 2, "start_context": 512, "step": 512, "output_tokens": 8}
     )
-    with serve(FakeConfig(max_model_len=2048, metrics=True)) as fake:
+    with serve(FakeConfig(max_model_len=2048, metrics=True, itl_s=0.05)) as fake:
         with pytest.raises(InvalidInput, match="with allow_external set"):
             _run("oom", params, fake.url)
         out = _run("oom", params, fake.url, managed=True)
     assert [s.context for s in out.steps] == [512, 1024, 1536, 2048, 2560]
+    assert all(s.together and s.tries == 1 for s in out.steps[:-1])
     assert out.last_good_context == 2048
     assert out.failure.kind == "rejected_too_long" and out.failure.context == 2560
     assert out.health_after == "healthy"

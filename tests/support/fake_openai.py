@@ -65,6 +65,9 @@ class FakeConfig:
     # A prompt over this many tokens leaves one request waiting with one block free of 64
     # until a shorter one comes (vLLM queueing a sequence the cache cannot hold).
     queue_over_tokens: int | None = None
+    # Answers stream one after another, never two at once (a scheduler handed the requests
+    # so far apart that each is done before the next begins).
+    one_at_a_time: bool = False
 
 
 @dataclass
@@ -84,6 +87,7 @@ class FakeOpenAI:
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
     connections: set[_Connection] = field(default_factory=set)
     streams: set[asyncio.Task[None]] = field(default_factory=set)
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)  # one_at_a_time's
 
     def respond(
         self, method: str, path: str, body: bytes, auth: str | None = None
@@ -255,7 +259,7 @@ class _Connection(asyncio.Protocol):
         head += "content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n"
         head += _conn(close)
         cfg = self.fake.config
-        if cfg.ttft_s <= 0 and cfg.itl_s <= 0:
+        if cfg.ttft_s <= 0 and cfg.itl_s <= 0 and not cfg.one_at_a_time:
             self._write(head.encode() + b"".join(map(_chunk, events)) + b"0\r\n\r\n", close)
         else:
             task = asyncio.get_running_loop().create_task(
@@ -280,6 +284,15 @@ class _Connection(asyncio.Protocol):
         `first` is the index of the first token event (chat sends a role chunk before it);
         the usage chunk and [DONE] follow the last token at once.
         """
+        if cfg.one_at_a_time:
+            async with self.fake.turn:
+                await self._send(head, events, first, cfg, close)
+        else:
+            await self._send(head, events, first, cfg, close)
+
+    async def _send(
+        self, head: bytes, events: list[bytes], first: int, cfg: FakeConfig, close: bool
+    ) -> None:
         assert self.transport is not None
         self.transport.write(head)
         await asyncio.sleep(cfg.ttft_s)
