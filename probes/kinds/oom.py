@@ -73,7 +73,8 @@ class Params(ProbeParams):
     allow_external: bool = Field(False, description="allow an engine kvscope does not manage")
 
     def load(self) -> PlannedLoad:
-        steps = self.max_steps + 12  # the steps, and a bisection down to one token
+        # The steps and a bisection down to one token, each sent up to TOGETHER_TRIES times.
+        steps = (self.max_steps + 12) * TOGETHER_TRIES
         return PlannedLoad(
             requests=self.batch * steps,
             run_s=steps * (self.request_timeout_s + 30.0) + HEALTH_WAIT_S + PROMPT_BUILD_S,

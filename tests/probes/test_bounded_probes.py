@@ -37,7 +37,7 @@ LIMITS = ProbeLimits(max_rate=100, max_duration_s=600, max_requests=5000, max_in
         ("latency", {"rate": 10, "duration_s": 3600}, "over the limit of 600"),
         ("latency", {"rate": 50, "duration_s": 500}, "25,000 planned requests"),
         ("batch_sweep", {"concurrencies": [128]}, "128 requests in flight, over the limit of 64"),
-        ("oom", {"confirm": True, "batch": 100}, "requests in flight"),
+        ("oom", {"confirm": True, "batch": 100, "max_steps": 4}, "requests in flight"),
         ("capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "max_rate": 1000}, "MAX_RATE"),
     ],
 )
