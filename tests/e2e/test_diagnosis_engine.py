@@ -67,7 +67,9 @@ def test_the_ab_probe_restarts_the_engine_per_arm_and_puts_it_back(
     result = Result.model_validate(run.summary)
     assert [(x.arm, x.round) for x in result.runs] == [("A", 1), ("B", 1)]
     assert all(x.requests >= 20 and x.errors == 0 for x in result.runs), result.runs
-    assert all(x.short_ttft_p99_s and x.itl_p99_s and x.itl_max_s for x in result.runs)
+    # Measured, if not large: beside two spinning processes answers can arrive whole.
+    figures = [(x.short_ttft_p99_s, x.itl_p99_s, x.itl_max_s) for x in result.runs]
+    assert all(v is not None and v >= 0 for f in figures for v in f), figures
     assert [a.settings for a in result.arms] == [
         {"enable_chunked_prefill": True, "max_num_batched_tokens": 512},
         {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192},
