@@ -6,6 +6,7 @@ the answer is. Prints the prediction, the search's points, the grid, and how far
     .venv/bin/python -m benchmarks.capacity_search                   # ~9 min
     .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~15 min
     .venv/bin/python -m benchmarks.capacity_search --order sequential
+    .venv/bin/python -m benchmarks.capacity_search --duration 30     # ~17 min
 
 Interleaved (the default), the search's rates and the grid's (shuffled) are measured in one
 sequence, so that the engine's drift on a shared machine falls on both alike; sequential,
