@@ -155,20 +155,20 @@ class Result(ProbeResult):
     message: str
 
 
-def kv_bound_wait(points: Sequence[SamplePoint], needed: int) -> SamplePoint | None:
-    """The sample with the fewest free blocks among those where a sequence waited while
-    fewer blocks were free than one sequence of the step needs (None if none did).
+def kv_bound_wait(points: Sequence[SamplePoint], needed: int) -> float | None:
+    """The fewest free blocks among the samples where a sequence waited while fewer blocks
+    were free than one sequence of the step needs (None if none did).
 
     Where the batch fits, a waiting sequence always finds its blocks free (the others hold
     at most theirs), so such a sample proves it does not: vLLM queued instead of preempting,
     as it does when the batch's requests reach the scheduler spread out (a busy host).
     """
     short = [
-        p
+        p.free_blocks
         for p in points
         if (p.waiting or 0) >= 1 and p.free_blocks is not None and p.free_blocks < needed
     ]
-    return min(short, key=lambda p: p.free_blocks or 0.0) if short else None
+    return min(short) if short else None
 
 
 def classify(
@@ -176,10 +176,11 @@ def classify(
     batch: int,
     peaks: Mapping[str, float | None],
     preemptions: float | None,
-    kv_wait: tuple[float, int] | None = None,
+    short_of_blocks: float | None = None,
+    needed: int | None = None,
 ) -> tuple[Outcome, str]:
-    """What one step showed, and a line saying why. `kv_wait` is `kv_bound_wait`'s moment
-    as (free blocks, blocks one sequence needs)."""
+    """What one step showed, and a line saying why. `short_of_blocks` is `kv_bound_wait`'s
+    free blocks, `needed` the blocks one sequence needs."""
     errors = [r for r in records if r.status == "error"]
     if errors:
         texts = [r.error or "" for r in errors]
@@ -192,11 +193,10 @@ def classify(
         return "errors", f"{len(errors)} of {len(records)} requests failed: {texts[0][:200]}"
     if preemptions:
         return "kv_exhausted", f"{preemptions:.0f} preemption(s): the batch's KV did not fit"
-    if kv_wait is not None:
-        free, needed = kv_wait
+    if short_of_blocks is not None:
         return "kv_exhausted", (
-            f"no preemption, but a sequence waited while {free:.0f} blocks were free of the "
-            f"{needed} it needs: vLLM queued it, the batch's KV did not fit at once"
+            f"no preemption, but a sequence waited while {short_of_blocks:.0f} blocks were "
+            f"free of the {needed} it needs: vLLM queued it, the batch's KV did not fit at once"
         )
     waiting = peaks.get("waiting") or 0
     if waiting:
@@ -286,9 +286,8 @@ async def _measure(ctx: ProbeContext, params: Params, context: int, seed: int) -
         "waiting": sampler.peak("waiting"),
     }
     needed = -(-context // sampler.block_size) if sampler.block_size else None
-    wait = kv_bound_wait(sampler.points, needed) if needed else None
-    kv_wait = (wait.free_blocks or 0.0, needed) if wait is not None and needed else None
-    outcome, why = classify(result.records, params.batch, peaks, preemptions, kv_wait)
+    short = kv_bound_wait(sampler.points, needed) if needed else None
+    outcome, why = classify(result.records, params.batch, peaks, preemptions, short, needed)
     if outcome == "errors" and not await ctx.healthy():
         outcome, why = "engine_crashed", f"the engine stopped answering its health check: {why}"
     ok = [r for r in result.records if r.status == "ok"]
@@ -302,7 +301,7 @@ async def _measure(ctx: ProbeContext, params: Params, context: int, seed: int) -
         waiting_peak=peaks["waiting"],
         preemptions=preemptions,
         preemptions_counted=counted,
-        kv_wait_free_blocks=kv_wait[0] if kv_wait else None,
+        kv_wait_free_blocks=short,
         blocks_needed=needed,
         ttft_p50_s=percentiles([x for r in ok if (x := r.ttft_s) is not None]).p50,
         e2e_p50_s=percentiles([x for r in ok if (x := r.e2e_s) is not None]).p50,

@@ -93,17 +93,17 @@ def test_a_sequence_waiting_with_too_few_blocks_free_exhausts_the_cache() -> Non
 
     points = [at(0, 0, 500), at(1, 2, 300), at(2, 1, 40), at(3, 1, 3), at(4, 0, 2)]
     # 128 blocks a sequence: waiting beside 300 free is the prefill budget, not a limit.
-    assert kv_bound_wait(points, 128) == points[3]  # the tightest moment
-    assert kv_bound_wait(points, 40) == points[3]
+    assert kv_bound_wait(points, 128) == 3  # the tightest moment
+    assert kv_bound_wait(points, 40) == 3
     assert kv_bound_wait(points, 3) is None  # 3 free was enough; at t=4 nobody waited
     assert kv_bound_wait([at(0, None, 1), at(1, 1, None)], 128) is None  # gaps prove nothing
     records = [_rec()] * 4
-    outcome, why = classify(records, 4, {"waiting": 1}, 0, (3, 128))
+    outcome, why = classify(records, 4, {"waiting": 1}, 0, 3, 128)
     assert outcome == "kv_exhausted"
     assert why.startswith("no preemption, but a sequence waited while 3 blocks were free of")
-    outcome, why = classify(records, 4, {"waiting": 2}, 0, None)
+    outcome, why = classify(records, 4, {"waiting": 2}, 0, None, 128)
     assert outcome == "ok" and "no sample saw one short of KV blocks" in why
-    assert classify(records, 4, {}, 2, (3, 128))[1].startswith("2 preemption(s)")
+    assert classify(records, 4, {}, 2, 3, 128)[1].startswith("2 preemption(s)")
 
 
 def test_an_oom_step_that_queued_a_sequence_for_kv_space_fails() -> None:
