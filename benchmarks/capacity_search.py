@@ -1,19 +1,21 @@
 """The capacity search on the real CPU engine: the simulator, calibrated on the engine,
-predicts the highest rate meeting an SLO; the capacity probe searches around that
-prediction (at most six measured rates); an exhaustive grid of measured rates says where
-the answer is. Prints the prediction, the search's points, the grid, and how far apart.
+predicts the highest rate meeting an SLO and the TPOT there; the capacity probe searches
+around that prediction, re-aimed by the TPOT it measures first (at most six measured
+rates); an exhaustive grid of measured rates says where the answer is. Prints the
+prediction, the search's points, the grid, and how far apart.
 
-    .venv/bin/python -m benchmarks.capacity_search                   # ~9 min
-    .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~15 min
+    .venv/bin/python -m benchmarks.capacity_search                   # ~8 min
+    .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~13 min
     .venv/bin/python -m benchmarks.capacity_search --order sequential
-    .venv/bin/python -m benchmarks.capacity_search --duration 30     # ~17 min
+    .venv/bin/python -m benchmarks.capacity_search --duration 30     # ~15 min
 
-Interleaved (the default), the search's rates and the grid's (shuffled) are measured in one
-sequence, so that the engine's drift on a shared machine falls on both alike; sequential,
-the capacity probe searches in one run and the grid follows it. The engine is the diagnosis
-scenarios' (4 slots, whole prefills); the load and the SLO are those of
-tests/support/capacity.py; tests/fixtures/capacity/ keeps a run's grid, which
-tests/planner/test_search.py searches.
+The grid is a 4 % ladder from 0.8 to 1.25 times the search's re-aim (the prediction when
+there is none), extended at its ends until it brackets. Interleaved (the default), the
+search's rates and the grid's (shuffled) are measured in one sequence, so that the
+engine's drift on a shared machine falls on both alike; sequential, the capacity probe
+searches in one run and the grid follows it. The engine is the diagnosis scenarios' (4
+slots, whole prefills); the load and the SLO are those of tests/support/capacity.py;
+tests/fixtures/capacity/ keeps a run's grid, which tests/planner/test_search.py searches.
 """
 
 from __future__ import annotations
@@ -25,15 +27,13 @@ from pathlib import Path
 from tests.support import capacity, injection
 from tests.support.capacity import Point
 
-GRID_STEP = 1.04
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals a rate")
     ap.add_argument("--rounds", type=int, default=1, help="searches and grids, one after another")
-    ap.add_argument("--low", type=float, default=0.7, help="the grid's lowest rate, x predicted")
-    ap.add_argument("--high", type=float, default=1.4, help="the grid's highest rate, x predicted")
+    ap.add_argument("--low", type=float, default=0.8, help="the grid's lowest rate, x its centre")
+    ap.add_argument("--high", type=float, default=1.25, help="the grid's highest, x its centre")
     ap.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved")
     args = ap.parse_args()
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
@@ -41,23 +41,36 @@ def main() -> None:
     with injection.diag_worker(venv) as (worker, request):
         data = worker.settings.data_dir
         capacity.calibrate(data, injection.NAME)
-        predicted = capacity.predicted_rps(data, injection.NAME)
+        predicted = capacity.predicted(data, injection.NAME)
         print(f"SLO {capacity.SLO}, load {capacity.LOAD}, {args.duration:g} s a rate, {args.order}")
-        print(f"predicted highest rate meeting the SLO: {predicted:.2f} req/s", flush=True)
-        rates = capacity.ladder(predicted * args.low, predicted * args.high, GRID_STEP)
+        print(
+            f"predicted highest rate meeting the SLO: {predicted.rps:.2f} req/s, TPOT p50 "
+            f"there {predicted.tpot_s * 1000:.1f} ms",
+            flush=True,
+        )
+        span = (args.low, args.high)
         rows = []
         for r in range(args.rounds):
             if args.order == "interleaved":
                 steps, points = capacity.interleaved(
-                    request, injection.NAME, predicted, rates, args.duration, seed=r
+                    request, injection.NAME, predicted, span, args.duration, seed=r
                 )
             else:
                 found = capacity.guided(request, injection.NAME, predicted, args.duration)
                 steps = [Point.of(s) for s in found.steps]
+                centre = capacity.centre(predicted, steps[0].verdict(True, predicted))
+                rates = capacity.ladder(centre * args.low, centre * args.high)
                 points = capacity.grid(request, injection.NAME, rates, args.duration)
-            tried = ", ".join(f"{p.rate:g} {'held' if p.held else 'broke'}" for p in steps)
+            tried = ", ".join(
+                f"{p.rate:g} {'held' if p.held else 'broke'}"
+                + ("" if p.tpot_s is None else f" (TPOT {p.tpot_s * 1000:.1f} ms)")
+                for p in steps
+            )
             got = max((p.rate for p in steps if p.held), default=None)
+            aim = steps[0].verdict(True, predicted).aim
             print(f"round {r + 1}: search {tried} -> {_rate(got)}", flush=True)
+            if aim is not None:
+                print(f"  its first TPOT re-aimed it at {aim:.2f} req/s (the grid's centre)")
             print(capacity.table(points), flush=True)
             best = capacity.grid_answer(points)
             strict = capacity.below_first_break(points)
@@ -74,7 +87,7 @@ def main() -> None:
         print(
             f"| {r} | {n} | {_rate(got)} | {on_grid.points} | {_rate(on_grid.held)} | "
             f"{_rate(best)} | {_rate(strict)} | {_off(got, best)} | "
-            f"{_off(on_grid.held, best)} | {_off(predicted, best)} |"
+            f"{_off(on_grid.held, best)} | {_off(predicted.rps, best)} |"
         )
     print(f"{time.time() - started:.0f} s in all")
 

@@ -24,7 +24,15 @@ from planner.gpus import get_gpu
 from planner.models import load_model
 from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
-from planner.simulate.whatif import Prediction, RatePoint, SloBounds, max_rate, sweep
+from planner.simulate.whatif import (
+    Prediction,
+    RatePoint,
+    SloBounds,
+    capacity_rps,
+    max_rate,
+    predict,
+    sweep,
+)
 
 
 def parse_rates(text: str) -> list[float]:
@@ -151,10 +159,13 @@ def simulate(
     points = sweep(what, rates, seeds)
     best = max_rate(what) if slo is not None else None
     if as_json:
+        # What the capacity probe compares its first measurement with (--predicted-tpot).
+        at_best = None if best is None else predict(what, best, 0, capacity_rps(what)).tpot_s.p50
         docs = [_doc(p.prediction, p) for p in points]
         out: dict[str, Any] = docs[0] if rate is not None else {"points": docs}
         out |= {
             "max_rate": best,
+            "tpot_p50_at_max_rate": at_best,
             "source": what.source,
             "kv_blocks": what.config.num_blocks,
             "vllm_accounting": accounting,

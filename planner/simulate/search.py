@@ -4,9 +4,18 @@ prediction instead of from scratch.
 Start at the predicted rate; step up (or down) by `step` until the SLO's verdict changes,
 which brackets the answer in one step's width; then halve the bracket while points remain.
 A prediction within a step of the truth lands within `tolerance` in four measurements; one
-three steps off still brackets by the fifth and narrows by the sixth. The search is a
-generator: it yields the next rate to measure and is sent whether the SLO held there, so a
-probe can drive it from async code and a test from a plain function.
+three steps off still brackets by the fifth and narrows by the sixth.
+
+A calibration goes stale: on a shared machine the engine's speed moves by half within an
+hour, and a prediction twice too high cannot be bracketed in six 10 % steps. So the first
+measurement also re-aims the search (`reaim`): the engine's TPOT there against the TPOT the
+simulator predicted there says how much slower or faster it runs than calibrated, and the
+rate scales by the same ratio. The search jumps to that aim when it lies beyond the next
+step on the side the verdict points to; otherwise it steps as before.
+
+The search is a generator: it yields the next rate to measure and is sent the verdict there
+(whether the SLO held, or a `Verdict` with an aim), so a probe can drive it from async code
+and a test from a plain function.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ from planner.errors import InvalidInput
 
 STEP = 1.1
 MAX_POINTS = 6
+# A measured TPOT further than this factor from the predicted one is not a speed ratio to
+# scale by (answers that arrived whole read as a TPOT near 0).
+REAIM_LIMIT = 4.0
 
 
 @dataclass(frozen=True)
@@ -30,11 +42,33 @@ class Bracket:
     points: int
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A measured rate: whether the SLO held, and the rate the measurement points to (None:
+    no opinion)."""
+
+    held: bool
+    aim: float | None = None
+
+
+def reaim(predicted: float, predicted_tpot_s: float, measured_tpot_s: float | None) -> float | None:
+    """The rate `predicted` scaled by how much faster the engine ran than the simulator said,
+    measured at the predicted rate: the predicted TPOT over the measured. None when there is
+    no measured TPOT or the ratio is past `REAIM_LIMIT` either way."""
+    if not measured_tpot_s or measured_tpot_s <= 0 or predicted_tpot_s <= 0:
+        return None
+    ratio = predicted_tpot_s / measured_tpot_s
+    if not 1 / REAIM_LIMIT <= ratio <= REAIM_LIMIT:
+        return None
+    return predicted * ratio
+
+
 def guided(
     predicted: float, step: float = STEP, max_points: int = MAX_POINTS, tolerance: float = 0.05
-) -> Generator[float, bool, Bracket]:
-    """Rates to measure, from the simulator's `predicted` highest rate; send True where the
-    SLO held. Stops when the bracket is within `tolerance` (relative) or the points run out."""
+) -> Generator[float, bool | Verdict, Bracket]:
+    """Rates to measure, from the simulator's `predicted` highest rate; send True (or a
+    `Verdict`) where the SLO held. Stops when the bracket is within `tolerance` (relative)
+    or the points run out."""
     if not predicted > 0 or not math.isfinite(predicted):
         raise InvalidInput(f"the predicted rate must be above 0 requests/s, got {predicted}")
     if step <= 1 or max_points < 2:
@@ -44,7 +78,9 @@ def guided(
     points = 0
     rate = predicted
     while points < max_points:
-        ok = yield rate
+        seen = yield rate
+        verdict = seen if isinstance(seen, Verdict) else Verdict(bool(seen))
+        ok = verdict.held
         points += 1
         if ok:
             held = rate
@@ -56,16 +92,20 @@ def guided(
             rate = math.sqrt(held * broke)
         else:
             rate = rate * step if ok else rate / step
+            aim = verdict.aim
+            if aim is not None and (aim > rate if ok else aim < rate):
+                rate = aim
     return Bracket(held, broke, points)
 
 
-def run(predicted: float, holds: Callable[[float], bool], step: float = STEP) -> Bracket:
-    """Drive `guided` with a plain `holds(rate) -> bool` (tests, benchmarks)."""
+def run(predicted: float, holds: Callable[[float], bool | Verdict], step: float = STEP) -> Bracket:
+    """Drive `guided` with a plain `holds(rate) -> bool | Verdict` (tests, benchmarks)."""
     search = guided(predicted, step)
     try:
         rate = next(search)
         while True:
-            rate = search.send(bool(holds(rate)))
+            seen = holds(rate)
+            rate = search.send(seen if isinstance(seen, Verdict) else bool(seen))
     except StopIteration as done:
         result: Bracket = done.value
         return result

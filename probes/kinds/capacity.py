@@ -4,7 +4,9 @@ An SLO is a TTFT bound, a TPOT bound and the share of requests that must be insi
 The search brackets (doubling the rate until the SLO breaks), then bisects between the last
 rate that held and the first that did not. Given the simulator's prediction
 (`predicted_rps`), it searches around it instead (`planner.simulate.search`: at most six
-rates). A run whose sender was late is not trusted to pass: the rate it reports may not be
+rates), and re-aims after the first by the engine's TPOT there against the simulator's
+(`predicted_tpot_s`): a calibration gone stale is the usual reason a prediction is far off.
+A run whose sender was late is not trusted to pass: the rate it reports may not be
 the rate the engine saw.
 """
 
@@ -43,6 +45,13 @@ class Params(latency.Params):
         description="the simulator's highest rate meeting the SLO (kvscope simulate "
         "--target ... max_rate): search around it, at most 6 rates, instead of doubling",
     )
+    predicted_tpot_s: float | None = Field(
+        None,
+        gt=0,
+        description="the simulator's TPOT p50 at that rate (kvscope simulate ... --json's "
+        "tpot_p50_at_max_rate): the engine's TPOT measured there re-aims the search by "
+        "their ratio, when the engine runs slower or faster than calibrated",
+    )
 
     def attempts(self) -> int:
         """Rates tried at most: around a prediction, or doubling from start_rate past
@@ -64,6 +73,8 @@ class Params(latency.Params):
     def _bounds(self) -> Params:
         if self.max_rate < self.start_rate:
             raise ValueError("max_rate must not be below start_rate")
+        if self.predicted_tpot_s is not None and self.predicted_rps is None:
+            raise ValueError("predicted_tpot_s goes with predicted_rps (the rate it is at)")
         return self
 
 
@@ -81,6 +92,8 @@ class Step(Figures):
     requests_per_s: float
     # Per request class, when the rate's run had more than one (else empty).
     by_class: list[latency.ClassFigures] = Field(default_factory=list)
+    # Where this step's TPOT re-aimed the search (the first step of a guided search).
+    aim_rps: float | None = None
 
 
 class Slo(Figures):
@@ -123,6 +136,10 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             # The sender fell behind its schedule: the rate the engine saw is not `rate`.
             untrusted.append(f"{rate:g} req/s ({m.reason})")
         passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
+        aim = None
+        if i == 0 and params.predicted_tpot_s is not None and m.trustworthy:
+            # Measured at the predicted rate: how much faster the engine ran than predicted.
+            aim = search.reaim(rate, params.predicted_tpot_s, m.tpot_s.p50)
         steps.append(
             Step(
                 rate=rate,
@@ -135,9 +152,12 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 tpot_s=m.tpot_s,
                 requests_per_s=m.requests_per_s,
                 by_class=m.by_class,
+                aim_rps=None if aim is None else round(aim, 3),
             )
         )
         phase = f"rate {rate:g}: {'held' if passed else 'broke'}"
+        if aim is not None:
+            phase += f"; its TPOT re-aims the search at {aim:.3g} req/s"
         ctx.report(share[1], Progress(phase=phase, steps=steps, share=params.share))
         return passed
 
@@ -148,7 +168,8 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         try:
             rate = next(guide)
             while True:
-                rate = guide.send(await attempt(round(rate, 3)))
+                held = await attempt(round(rate, 3))
+                rate = guide.send(search.Verdict(held, steps[-1].aim_rps))
         except StopIteration as done:
             good, bad = done.value.held, done.value.broke
     else:
@@ -179,6 +200,11 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         message = f"the SLO ({slo}) held up to the highest rate tried, {good:g} req/s"
     else:
         message = f"capacity {good:g} req/s: {slo} holds there and breaks at {bad:g} req/s"
+    aimed = next((s for s in steps if s.aim_rps is not None), None)
+    if aimed is not None:
+        message += (
+            f" (the engine's TPOT at {aimed.rate:g} req/s re-aimed the search at {aimed.aim_rps:g})"
+        )
     if untrusted:
         message += (
             "; not trusted, the load generator was late at "
@@ -248,7 +274,8 @@ def class_chart(r: Result) -> Chart:
 def table(r: Result) -> list[Row]:
     """The rates tried."""
     keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
-    return dump_rows(r.steps, (*keys, "ttft_s.p99", "tpot_s.p99", "requests_per_s"))
+    more = ("ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "requests_per_s", "aim_rps")
+    return dump_rows(r.steps, (*keys, *more))
 
 
 KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
@@ -274,6 +301,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         CliOption("start_rate"),
         CliOption("max_rate"),
         CliOption("predicted_rps"),
+        CliOption("predicted_tpot_s", flag="predicted_tpot"),
         CliOption("duration_s", flag="duration"),
         CliOption("prompt_tokens"),
         CliOption("output_tokens"),

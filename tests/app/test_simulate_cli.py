@@ -39,6 +39,8 @@ def test_one_rate_prints_the_latency_probes_shape_and_the_highest_rate() -> None
     assert doc["source"] == "roofline" and doc["requests"] == 300
     assert isinstance(doc["preemptions"], int) and doc["max_rate"] > 0
     assert doc["slo_share"] is not None and doc["kv_blocks"] > 0
+    # The TPOT the capacity probe re-aims by: at the highest rate, inside the SLO's bound.
+    assert 0 < doc["tpot_p50_at_max_rate"] <= 0.1
 
 
 def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
@@ -49,6 +51,7 @@ def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
     assert rates == [1.0, 5.0, 9.0]
     p99 = [p["ttft_s"]["p99"] for p in doc["points"]]
     assert p99[0] < p99[-1] and doc["max_rate"] is None
+    assert doc["tpot_p50_at_max_rate"] is None
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, StepCost
-from planner.simulate.search import MAX_POINTS, guided, run
+from planner.simulate.search import MAX_POINTS, Verdict, guided, reaim, run
 from planner.simulate.whatif import Scenario, SloBounds, capacity_rps, max_rate, meets, predict
 from planner.workload import FixedProfile
 from tests.support.capacity import TOLERANCE, Point, below_first_break, grid_answer, replayed
@@ -41,6 +42,52 @@ def test_six_points_land_within_five_percent_of_a_grid(slower: float) -> None:
     found = run(predicted, holds)
     assert found.points <= MAX_POINTS and found.held is not None
     assert abs(found.held / grid_best - 1) <= 0.05 + 0.02  # the grid's own step
+
+
+@pytest.mark.parametrize("slower", [2.0, 0.5])
+def test_a_stale_calibration_is_re_aimed_by_the_first_points_tpot(slower: float) -> None:
+    """The engine runs twice as slow (or fast) as calibrated: six 10 % steps from the
+    prediction cannot bracket it. The TPOT measured at the first rate against the TPOT
+    predicted there re-aims the search, which then lands within 5 % of a grid."""
+    cost = StepCost(0.002 * slower, 0.010 * slower, 2e-7 * slower, 2e-5 * slower)
+    truth = replace(PREDICTED, cost=cost)
+    capacity = capacity_rps(truth)
+
+    def holds(rate: float) -> bool:
+        return meets(predict(truth, rate, 0, capacity), SLO)
+
+    grid = capacity * 0.3 * 1.02 ** np.arange(120)
+    grid_best = next(float(a) for a, b in itertools.pairwise(grid) if not holds(b))
+    predicted = max_rate(PREDICTED)
+    assert predicted is not None
+    expected_tpot = predict(PREDICTED, predicted, 0, capacity_rps(PREDICTED)).tpot_s.p50
+    assert expected_tpot is not None
+    tried: list[float] = []
+
+    def measured(rate: float) -> Verdict:
+        tried.append(rate)
+        seen = predict(truth, rate, 0, capacity)
+        aim = reaim(rate, expected_tpot, seen.tpot_s.p50) if len(tried) == 1 else None
+        return Verdict(meets(seen, SLO), aim)
+
+    blind = run(predicted, holds)
+    assert blind.held is None or blind.broke is None  # not even bracketed without the aim
+    found = run(predicted, measured)
+    assert found.points <= MAX_POINTS and found.held is not None
+    assert abs(found.held / grid_best - 1) <= 0.05 + 0.02  # the grid's own step
+    assert abs(math.log(tried[1] / predicted)) > math.log(1.5)  # it jumped, not stepped
+
+
+def test_an_aim_only_jumps_the_way_the_verdict_points_and_beyond_a_step() -> None:
+    search = guided(10.0)
+    assert next(search) == 10.0
+    assert search.send(Verdict(False, 20.0)) == pytest.approx(10 / 1.1)  # broke: not up
+    assert search.send(Verdict(False, 8.8)) == pytest.approx(10 / 1.21)  # within a step
+    assert search.send(Verdict(False, 5.0)) == 5.0  # beyond it: jumps
+    assert reaim(10.0, 0.004, 0.008) == pytest.approx(5.0)
+    assert reaim(10.0, 0.004, 0.002) == pytest.approx(20.0)
+    # Answers that came whole (TPOT ~0), or none measured: no aim.
+    assert reaim(10.0, 0.004, 0.0005) is None and reaim(10.0, 0.004, None) is None
 
 
 def test_the_search_stops_when_the_bracket_is_narrow_and_refuses_nonsense() -> None:

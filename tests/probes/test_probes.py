@@ -231,6 +231,42 @@ def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) 
     assert 6.2 / 1.05 <= out.capacity_rps <= 6.2 < out.first_failing_rps
 
 
+@pytest.mark.parametrize("trusted", [True, False])
+def test_capacity_re_aims_by_the_tpot_at_the_prediction(
+    monkeypatch: pytest.MonkeyPatch, trusted: bool
+) -> None:
+    """The engine runs at half the calibrated speed (TPOT 8 ms where 4 were predicted): the
+    capacity is 5 req/s where the prediction said 10. The first rate's TPOT re-aims the
+    search at 5; a first rate whose sender ran late does not (its timings are the client's)."""
+    tried: list[float] = []
+
+    async def fake_measure(
+        ctx: ProbeContext, params: Any, rate: float, step: str,
+        share: tuple[float, float] = (0, 1), attempt: int = 0,
+    ) -> Any:  # fmt: skip
+        tried.append(rate)
+        on_time = trusted or attempt > 0
+        return SimpleNamespace(
+            slo_share=0.95 if rate <= 5.0 else 0.4, trustworthy=on_time, reason=None,
+            requests=10, errors=0, ttft_s=Percentiles(), tpot_s=Percentiles(p50=0.008),
+            requests_per_s=rate, by_class=[],
+        )  # fmt: skip
+
+    monkeypatch.setattr(latency, "measure", fake_measure)
+    raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_rps": 10, "predicted_tpot_s": 0.004}
+    params = parse_params("capacity", raw)
+    out = asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
+    if trusted:
+        assert tried[:2] == [10, 5.0] and out.steps[0].aim_rps == 5.0
+        assert out.capacity_rps is not None and 5.0 / 1.05 <= out.capacity_rps <= 5.0
+        assert "re-aimed the search at 5" in out.message
+    else:
+        assert tried[:3] == [10, 9.091, 8.264] and out.steps[0].aim_rps is None
+        assert out.capacity_rps is None and "re-aimed" not in out.message
+    with pytest.raises(InvalidInput, match="goes with predicted_rps"):
+        parse_params("capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_tpot_s": 0.004})
+
+
 def test_sweep_runs_every_step() -> None:
     params = parse_params(
         "batch_sweep",

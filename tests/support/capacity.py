@@ -3,8 +3,9 @@
 
 The user's path throughout: `kvscope simulate calibrate --target NAME` fits the simulator to
 the engine, `kvscope simulate --target NAME ... --json` predicts the highest rate meeting
-the SLO (`max_rate`), and the capacity probe searches around that prediction
-(`predicted_rps`). The grid measures every rate of a geometric ladder with the same probe
+the SLO (`max_rate`) and the TPOT there (`tpot_p50_at_max_rate`), and the capacity probe
+searches around that prediction (`predicted_rps`), re-aimed by the TPOT it measures first
+(`predicted_tpot_s`). The grid measures every rate of a geometric ladder with the same probe
 pinned to one rate (the same verdict: the SLO's share held, the sender on time).
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.simulate import search
-from planner.simulate.search import Bracket
+from planner.simulate.search import Bracket, Verdict
 from probes.kinds.capacity import Result, Step
 from tests.support.cli import kvscope
 
@@ -41,8 +42,16 @@ def calibrate(data_dir: Path, target: str, timeout: float = 900) -> None:
         raise AssertionError(f"calibration failed: {done.stderr.strip()[-2000:]}")
 
 
-def predicted_rps(data_dir: Path, target: str) -> float:
-    """The calibrated simulator's highest rate meeting SLO for LOAD (`max_rate`)."""
+@dataclass(frozen=True)
+class Prediction:
+    """The calibrated simulator's highest rate meeting SLO for LOAD, and its TPOT p50 there."""
+
+    rps: float
+    tpot_s: float
+
+
+def predicted(data_dir: Path, target: str) -> Prediction:
+    """`kvscope simulate --target ... --json`'s `max_rate` and `tpot_p50_at_max_rate`."""
     profile = {k: LOAD[k] for k in ("prompt_tokens", "output_tokens")} | {"kind": "fixed"}
     done = kvscope(
         "simulate", "--target", target, "--rate", "1", "--profile", json.dumps(profile),
@@ -56,7 +65,7 @@ def predicted_rps(data_dir: Path, target: str) -> float:
     if doc["max_rate"] is None:
         at_one = {k: doc[k] for k in ("ttft_s", "tpot_s", "slo_share", "source")}
         raise AssertionError(f"the simulator says the SLO breaks at any rate; at 1/s: {at_one}")
-    return float(doc["max_rate"])
+    return Prediction(float(doc["max_rate"]), float(doc["tpot_p50_at_max_rate"]))
 
 
 def _capacity(request: Request, target: str, duration_s: float, **params: Any) -> Result:
@@ -69,9 +78,12 @@ def _capacity(request: Request, target: str, duration_s: float, **params: Any) -
     return Result.model_validate(run.summary)
 
 
-def guided(request: Request, target: str, predicted: float, duration_s: float) -> Result:
+def guided(request: Request, target: str, predicted: Prediction, duration_s: float) -> Result:
     """The capacity probe searching around `predicted`."""
-    return _capacity(request, target, duration_s, predicted_rps=round(predicted, 3))
+    return _capacity(
+        request, target, duration_s, predicted_rps=round(predicted.rps, 3),
+        predicted_tpot_s=predicted.tpot_s,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,11 +95,20 @@ class Point:
     held: bool
     share: float | None
     on_time: bool = True
+    tpot_s: float | None = None  # p50
 
     @classmethod
     def of(cls, step: Step) -> Point:
         """A capacity probe's step as a grid point."""
-        return cls(step.rate, step.passed, step.slo_share, step.trustworthy)
+        return cls(step.rate, step.passed, step.slo_share, step.trustworthy, step.tpot_s.p50)
+
+    def verdict(self, first: bool, predicted: Prediction) -> Verdict:
+        """As the capacity probe reads it: the first point, measured on time at the
+        predicted rate, re-aims the search by its TPOT."""
+        aim = None
+        if first and self.on_time:
+            aim = search.reaim(self.rate, predicted.tpot_s, self.tpot_s)
+        return Verdict(self.held, aim)
 
 
 def pinned(request: Request, target: str, rate: float, duration_s: float) -> Point:
@@ -126,19 +147,20 @@ def extended(
 def interleaved(
     request: Request,
     target: str,
-    predicted: float,
-    rates: list[float],
+    predicted: Prediction,
+    span: tuple[float, float],
     duration_s: float,
     between: int = 3,
     seed: int = 0,
 ) -> tuple[list[Point], list[Point]]:
-    """The capacity probe's search from `predicted` and the grid over `rates`, measured in
-    one sequence: after each rate the search measures, `between` of the grid's in a
-    shuffled order. Minutes apart the engine's capacity on a shared machine moves by more
-    than the tolerance; interleaved, a drift of the host falls on both alike. Returns the
-    search's points in the order measured and the grid, lowest rate first."""
-    order = list(rates)
-    random.Random(seed).shuffle(order)
+    """The capacity probe's search from `predicted` and a grid, measured in one sequence:
+    after each rate the search measures, `between` of the grid's in a shuffled order. Minutes
+    apart the engine's capacity on a shared machine moves by more than the tolerance;
+    interleaved, a drift of the host falls on both alike. The grid is a ladder over `span`
+    times where the search's first measurement aims (`centre`): the prediction, or its
+    re-aim when the engine ran slower or faster than calibrated. Returns the search's
+    points in the order measured and the grid, lowest rate first."""
+    order: list[float] = []
     measured: dict[float, Point] = {}
 
     def more_grid(n: int) -> None:
@@ -147,18 +169,30 @@ def interleaved(
 
     steps: list[Point] = []
 
-    def holds(rate: float) -> bool:
+    def holds(rate: float) -> Verdict:
         steps.append(pinned(request, target, round(rate, 3), duration_s))
+        verdict = steps[-1].verdict(len(steps) == 1, predicted)
+        if not order:
+            order.extend(ladder(*(centre(predicted, verdict) * x for x in span)))
+            random.Random(seed).shuffle(order)
         more_grid(between)
-        return steps[-1].held
+        return verdict
 
-    search.run(predicted, holds)
+    search.run(predicted.rps, holds)
     more_grid(len(order))
     points = [measured[rate] for rate in sorted(measured)]
     return steps, extended(request, target, points, duration_s)
 
 
-def ladder(low: float, high: float, step: float) -> list[float]:
+def centre(predicted: Prediction, first: Verdict) -> float:
+    """Where a grid is laid: around the search's re-aim, else the prediction."""
+    return first.aim or predicted.rps
+
+
+GRID_STEP = 1.04
+
+
+def ladder(low: float, high: float, step: float = GRID_STEP) -> list[float]:
     """Rates from `low` to at least `high`, each `step` times the last (rounded to ms)."""
     n = math.ceil(math.log(high / low) / math.log(step))
     return [round(low * step**i, 3) for i in range(n + 1)]
@@ -178,10 +212,11 @@ def below_first_break(points: list[Point]) -> float | None:
     return max(held) if held else None
 
 
-def replayed(predicted: float, points: list[Point]) -> Bracket:
+def replayed(predicted: Prediction | float, points: list[Point]) -> Bracket:
     """The capacity probe's search from `predicted`, run on the grid's verdicts: each rate
     it asks for is answered by the grid's nearest rate (the two searches judged on the same
-    measurements, not on two runs minutes apart). Refused when it asks beyond the grid."""
+    measurements, not on two runs minutes apart), its first re-aimed by that rate's TPOT
+    when both the prediction and the grid have one. Refused when it asks beyond the grid."""
     rates = [p.rate for p in points]
     half_step = math.sqrt(rates[1] / rates[0]) if len(rates) > 1 else 1.0
 
@@ -190,7 +225,17 @@ def replayed(predicted: float, points: list[Point]) -> Bracket:
             raise AssertionError(f"the search asked for {rate:g}/s, beyond the grid {rates}")
         return min(points, key=lambda p: abs(math.log(p.rate / rate)))
 
-    found = search.run(predicted, lambda rate: nearest(rate).held)
+    asked: list[float] = []
+
+    def holds(rate: float) -> Verdict:
+        asked.append(rate)
+        point = nearest(rate)
+        if isinstance(predicted, Prediction):
+            return point.verdict(len(asked) == 1, predicted)
+        return Verdict(point.held)
+
+    start = predicted.rps if isinstance(predicted, Prediction) else predicted
+    found = search.run(start, holds)
     # Where it landed, as the grid rates that answered.
     return Bracket(
         held=None if found.held is None else nearest(found.held).rate,
