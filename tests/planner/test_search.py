@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,15 @@ import pytest
 from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, StepCost
 from planner.simulate.search import MAX_POINTS, Verdict, guided, reaim, run
-from planner.simulate.whatif import Scenario, SloBounds, capacity_rps, max_rate, meets, predict
+from planner.simulate.whatif import (
+    Prediction,
+    Scenario,
+    SloBounds,
+    capacity_rps,
+    max_rate,
+    meets,
+    predict,
+)
 from planner.workload import FixedProfile
 from tests.support.capacity import TOLERANCE, Point, below_first_break, grid_answer, replayed
 
@@ -24,22 +33,28 @@ SLO = SloBounds(ttft_s=0.15, tpot_s=0.05, share=0.95)
 PREDICTED = Scenario(CONFIG, COST, FixedProfile(prompt_tokens=512, output_tokens=64), 400, slo=SLO)
 
 
-@pytest.mark.parametrize("slower", [0.8, 1.3])
-def test_six_points_land_within_five_percent_of_a_grid(slower: float) -> None:
-    """The engine is the simulator with a step cost off by `slower`; the prediction is the
-    simulator's own. The search must land within 5 % of a 2 % grid's answer."""
+def engine_off_by(slower: float) -> tuple[Callable[[float], Prediction], float]:
+    """An engine that is the simulator with every step cost times `slower`: its prediction
+    at a rate, and a 2 % grid's answer (the highest rate held below the first that broke)."""
     cost = StepCost(0.002 * slower, 0.010 * slower, 2e-7 * slower, 2e-5 * slower)
     truth = replace(PREDICTED, cost=cost)
     capacity = capacity_rps(truth)
 
-    def holds(rate: float) -> bool:
-        return meets(predict(truth, rate, 0, capacity), SLO)
+    def at(rate: float) -> Prediction:
+        return predict(truth, rate, 0, capacity)
 
-    grid = capacity * 0.6 * 1.02 ** np.arange(60)
-    grid_best = next(float(a) for a, b in itertools.pairwise(grid) if not holds(b))
+    grid = capacity * 0.3 * 1.02 ** np.arange(120)
+    return at, next(float(a) for a, b in itertools.pairwise(grid) if not meets(at(b), SLO))
+
+
+@pytest.mark.parametrize("slower", [0.8, 1.3])
+def test_six_points_land_within_five_percent_of_a_grid(slower: float) -> None:
+    """The engine is the simulator with a step cost off by `slower`; the prediction is the
+    simulator's own. The search must land within 5 % of a 2 % grid's answer."""
+    at, grid_best = engine_off_by(slower)
     predicted = max_rate(PREDICTED)
     assert predicted is not None
-    found = run(predicted, holds)
+    found = run(predicted, lambda rate: meets(at(rate), SLO))
     assert found.points <= MAX_POINTS and found.held is not None
     assert abs(found.held / grid_best - 1) <= 0.05 + 0.02  # the grid's own step
 
@@ -49,15 +64,7 @@ def test_a_stale_calibration_is_re_aimed_by_the_first_points_tpot(slower: float)
     """The engine runs twice as slow (or fast) as calibrated: six 10 % steps from the
     prediction cannot bracket it. The TPOT measured at the first rate against the TPOT
     predicted there re-aims the search, which then lands within 5 % of a grid."""
-    cost = StepCost(0.002 * slower, 0.010 * slower, 2e-7 * slower, 2e-5 * slower)
-    truth = replace(PREDICTED, cost=cost)
-    capacity = capacity_rps(truth)
-
-    def holds(rate: float) -> bool:
-        return meets(predict(truth, rate, 0, capacity), SLO)
-
-    grid = capacity * 0.3 * 1.02 ** np.arange(120)
-    grid_best = next(float(a) for a, b in itertools.pairwise(grid) if not holds(b))
+    at, grid_best = engine_off_by(slower)
     predicted = max_rate(PREDICTED)
     assert predicted is not None
     expected_tpot = predict(PREDICTED, predicted, 0, capacity_rps(PREDICTED)).tpot_s.p50
@@ -66,11 +73,11 @@ def test_a_stale_calibration_is_re_aimed_by_the_first_points_tpot(slower: float)
 
     def measured(rate: float) -> Verdict:
         tried.append(rate)
-        seen = predict(truth, rate, 0, capacity)
+        seen = at(rate)
         aim = reaim(rate, expected_tpot, seen.tpot_s.p50) if len(tried) == 1 else None
         return Verdict(meets(seen, SLO), aim)
 
-    blind = run(predicted, holds)
+    blind = run(predicted, lambda rate: meets(at(rate), SLO))
     assert blind.held is None or blind.broke is None  # not even bracketed without the aim
     found = run(predicted, measured)
     assert found.points <= MAX_POINTS and found.held is not None

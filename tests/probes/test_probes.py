@@ -207,7 +207,14 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
     assert attempts == list(range(7))
 
 
-def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_rates(
+    monkeypatch: pytest.MonkeyPatch,
+    capacity_rps: float,
+    tpot_s: float | None = None,
+    late_first: bool = False,
+) -> list[float]:
+    """Latency runs that hold at and below `capacity_rps` and break above it, each with
+    `tpot_s` as its TPOT p50 (the first sent late with `late_first`); the rates tried."""
     tried: list[float] = []
 
     async def fake_measure(
@@ -215,13 +222,19 @@ def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) 
         share: tuple[float, float] = (0, 1), attempt: int = 0,
     ) -> Any:  # fmt: skip
         tried.append(rate)
-        inside = 0.95 if rate <= 6.2 else 0.5  # the truth: 6.2 req/s, the prediction 5
         return SimpleNamespace(
-            slo_share=inside, trustworthy=True, reason=None, requests=10, errors=0,
-            ttft_s=Percentiles(), tpot_s=Percentiles(), requests_per_s=rate, by_class=[],
+            slo_share=0.95 if rate <= capacity_rps else 0.4,
+            trustworthy=not (late_first and attempt == 0), reason=None, requests=10, errors=0,
+            ttft_s=Percentiles(), tpot_s=Percentiles(p50=tpot_s), requests_per_s=rate,
+            by_class=[],
         )  # fmt: skip
 
     monkeypatch.setattr(latency, "measure", fake_measure)
+    return tried
+
+
+def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = fake_rates(monkeypatch, 6.2)  # the truth: 6.2 req/s, the prediction 5
     raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "share": 0.9, "predicted_rps": 5}
     params = parse_params("capacity", raw)
     assert isinstance(params, capacity.Params) and params.attempts() == 6
@@ -238,21 +251,7 @@ def test_capacity_re_aims_by_the_tpot_at_the_prediction(
     """The engine runs at half the calibrated speed (TPOT 8 ms where 4 were predicted): the
     capacity is 5 req/s where the prediction said 10. The first rate's TPOT re-aims the
     search at 5; a first rate whose sender ran late does not (its timings are the client's)."""
-    tried: list[float] = []
-
-    async def fake_measure(
-        ctx: ProbeContext, params: Any, rate: float, step: str,
-        share: tuple[float, float] = (0, 1), attempt: int = 0,
-    ) -> Any:  # fmt: skip
-        tried.append(rate)
-        on_time = trusted or attempt > 0
-        return SimpleNamespace(
-            slo_share=0.95 if rate <= 5.0 else 0.4, trustworthy=on_time, reason=None,
-            requests=10, errors=0, ttft_s=Percentiles(), tpot_s=Percentiles(p50=0.008),
-            requests_per_s=rate, by_class=[],
-        )  # fmt: skip
-
-    monkeypatch.setattr(latency, "measure", fake_measure)
+    tried = fake_rates(monkeypatch, 5.0, tpot_s=0.008, late_first=not trusted)
     raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_rps": 10, "predicted_tpot_s": 0.004}
     params = parse_params("capacity", raw)
     out = asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
