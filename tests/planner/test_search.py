@@ -25,7 +25,16 @@ from planner.simulate.whatif import (
     predict,
 )
 from planner.workload import FixedProfile
-from tests.support.capacity import TOLERANCE, Point, below_first_break, grid_answer, replayed
+from tests.support.capacity import (
+    TOLERANCE,
+    Point,
+    below_first_break,
+    grid_answer,
+    replayed,
+)
+from tests.support.capacity import (
+    Prediction as Predicted,
+)
 
 COST = StepCost(0.002, 0.010, 2e-7, 2e-5)
 CONFIG = EngineConfig(num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048)
@@ -126,3 +135,16 @@ def test_on_the_cpu_engines_measured_grid_six_points_land_within_five_percent(of
     assert found.points <= MAX_POINTS and found.held is not None
     truth = 5.933 if off == 1.0 else 5.485
     assert abs(found.held / truth - 1) <= TOLERANCE
+
+
+def test_a_grid_replay_answers_a_jump_past_its_ends_by_its_end() -> None:
+    """A re-aim can jump past a measured grid: above a top that broke the grid still says
+    broke, below a bottom that held it says held; past an end that cannot say, it refuses."""
+    grid = [Point(4.0, True, 1.0), Point(5.0, True, 1.0), Point(6.0, False, 0.2)]
+    fast = [replace(p, tpot_s=0.002) for p in grid]  # half the predicted TPOT: aims at 2x
+    found = replayed(Predicted(5.0, 0.004), fast)
+    assert found.held == 5.0 and found.broke == 6.0
+    slow = [replace(p, tpot_s=0.016) for p in grid[1:]]  # aims at a quarter, below 5 held
+    assert replayed(Predicted(6.0, 0.004), slow).held == 5.0
+    with pytest.raises(AssertionError, match="beyond the grid"):
+        replayed(Predicted(6.0, 0.004), [replace(grid[2], tpot_s=0.016)])

@@ -216,12 +216,17 @@ def replayed(predicted: Prediction | float, points: list[Point]) -> Bracket:
     """The capacity probe's search from `predicted`, run on the grid's verdicts: each rate
     it asks for is answered by the grid's nearest rate (the two searches judged on the same
     measurements, not on two runs minutes apart), its first re-aimed by that rate's TPOT
-    when both the prediction and the grid have one. Refused when it asks beyond the grid."""
+    when both the prediction and the grid have one (a re-aim may jump past the grid: above
+    a top that broke, or below a bottom that held, the grid's end answers). Refused when
+    the grid's end cannot answer."""
     rates = [p.rate for p in points]
     half_step = math.sqrt(rates[1] / rates[0]) if len(rates) > 1 else 1.0
 
     def nearest(rate: float) -> Point:
-        if not rates[0] / half_step <= rate <= rates[-1] * half_step:
+        above = rate > rates[-1] * half_step and not points[-1].held
+        below = rate < rates[0] / half_step and points[0].held
+        inside = rates[0] / half_step <= rate <= rates[-1] * half_step
+        if not (inside or above or below):
             raise AssertionError(f"the search asked for {rate:g}/s, beyond the grid {rates}")
         return min(points, key=lambda p: abs(math.log(p.rate / rate)))
 
