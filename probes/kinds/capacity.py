@@ -92,7 +92,8 @@ class Step(Figures):
     requests_per_s: float
     # Per request class, when the rate's run had more than one (else empty).
     by_class: list[latency.ClassFigures] = Field(default_factory=list)
-    # Where this step's TPOT re-aimed the search (the first step of a guided search).
+    # Where this step's TPOT pointed the search (the first step of a guided search; it jumps
+    # there when that lies beyond the next step on the side the verdict points to).
     aim_rps: float | None = None
 
 
@@ -157,7 +158,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         )
         phase = f"rate {rate:g}: {'held' if passed else 'broke'}"
         if aim is not None:
-            phase += f"; its TPOT re-aims the search at {aim:.3g} req/s"
+            phase += f"; its TPOT points at {aim:.3g} req/s"
         ctx.report(share[1], Progress(phase=phase, steps=steps, share=params.share))
         return passed
 
@@ -202,8 +203,11 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         message = f"capacity {good:g} req/s: {slo} holds there and breaks at {bad:g} req/s"
     aimed = next((s for s in steps if s.aim_rps is not None), None)
     if aimed is not None:
-        message += (
-            f" (the engine's TPOT at {aimed.rate:g} req/s re-aimed the search at {aimed.aim_rps:g})"
+        jumped = len(steps) > 1 and steps[1].rate == aimed.aim_rps
+        message += f" (the engine's TPOT at {aimed.rate:g} req/s " + (
+            f"re-aimed the search at {aimed.aim_rps:g})"
+            if jumped
+            else f"pointed at {aimed.aim_rps:g}, within a step or against the verdict)"
         )
     if untrusted:
         message += (

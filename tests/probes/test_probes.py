@@ -244,24 +244,30 @@ def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) 
     assert 6.2 / 1.05 <= out.capacity_rps <= 6.2 < out.first_failing_rps
 
 
-@pytest.mark.parametrize("trusted", [True, False])
+@pytest.mark.parametrize("case", ["slow", "late", "near"])
 def test_capacity_re_aims_by_the_tpot_at_the_prediction(
-    monkeypatch: pytest.MonkeyPatch, trusted: bool
+    monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     """The engine runs at half the calibrated speed (TPOT 8 ms where 4 were predicted): the
     capacity is 5 req/s where the prediction said 10. The first rate's TPOT re-aims the
-    search at 5; a first rate whose sender ran late does not (its timings are the client's)."""
-    tried = fake_rates(monkeypatch, 5.0, tpot_s=0.008, late_first=not trusted)
+    search at 5; a first rate whose sender ran late does not (its timings are the client's);
+    a TPOT that points within the next step leaves the search to step."""
+    tpot = 0.0042 if case == "near" else 0.008  # near: points at 9.52, the step is to 9.09
+    tried = fake_rates(monkeypatch, 5.0, tpot_s=tpot, late_first=case == "late")
     raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_rps": 10, "predicted_tpot_s": 0.004}
     params = parse_params("capacity", raw)
     out = asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
-    if trusted:
+    if case == "slow":
         assert tried[:2] == [10, 5.0] and out.steps[0].aim_rps == 5.0
         assert out.capacity_rps is not None and 5.0 / 1.05 <= out.capacity_rps <= 5.0
-        assert "re-aimed the search at 5" in out.message
+        assert "re-aimed the search at 5)" in out.message
     else:
-        assert tried[:3] == [10, 9.091, 8.264] and out.steps[0].aim_rps is None
-        assert out.capacity_rps is None and "re-aimed" not in out.message
+        assert tried[:3] == [10, 9.091, 8.264] and out.capacity_rps is None
+        assert "re-aimed" not in out.message
+    if case == "late":
+        assert out.steps[0].aim_rps is None and "pointed" not in out.message
+    if case == "near":
+        assert out.steps[0].aim_rps == 9.524 and "pointed at 9.524" in out.message
     with pytest.raises(InvalidInput, match="goes with predicted_rps"):
         parse_params("capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_tpot_s": 0.004})
 
