@@ -46,7 +46,7 @@ def main() -> None:
         print(f"SLO {capacity.SLO}, load {capacity.LOAD}, {args.duration:g} s a rate, {args.order}")
         print(
             f"predicted highest rate meeting the SLO: {predicted.rps:.2f} req/s, TPOT p50 "
-            f"there {predicted.tpot_s * 1000:.1f} ms",
+            f"there {_ms(predicted.tpot_s)}",
             flush=True,
         )
         span = (args.low, args.high)
@@ -63,9 +63,7 @@ def main() -> None:
                 rates = capacity.ladder(centre * args.low, centre * args.high)
                 points = capacity.grid(request, injection.NAME, rates, args.duration)
             tried = ", ".join(
-                f"{p.rate:g} {'held' if p.held else 'broke'}"
-                + ("" if p.tpot_s is None else f" (TPOT {p.tpot_s * 1000:.1f} ms)")
-                for p in steps
+                f"{p.rate:g} {'held' if p.held else 'broke'} (TPOT {_ms(p.tpot_s)})" for p in steps
             )
             got = max((p.rate for p in steps if p.held), default=None)
             aim = steps[0].verdict(True, predicted).aim
@@ -96,6 +94,10 @@ def main() -> None:
             f"{_off(predicted.rps, best)} |"
         )
     print(f"{time.time() - started:.0f} s in all")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
 def _rate(x: float | None) -> str:

@@ -51,11 +51,19 @@ class Verdict:
     aim: float | None = None
 
 
-def reaim(predicted: float, predicted_tpot_s: float, measured_tpot_s: float | None) -> float | None:
+def reaim(
+    predicted: float,
+    predicted_tpot_s: float | None,
+    measured_tpot_s: float | None,
+    on_time: bool = True,
+) -> float | None:
     """The rate `predicted` scaled by how much faster the engine ran than the simulator said,
-    measured at the predicted rate: the predicted TPOT over the measured. None when there is
-    no measured TPOT or the ratio is past `REAIM_LIMIT` either way."""
-    if not measured_tpot_s or measured_tpot_s <= 0 or predicted_tpot_s <= 0:
+    measured at the predicted rate: the predicted TPOT over the measured. None when either
+    TPOT is missing, the sender ran late (its timings are the client's), or the ratio is
+    past `REAIM_LIMIT` either way."""
+    if not on_time or not predicted_tpot_s or not measured_tpot_s:
+        return None
+    if predicted_tpot_s <= 0 or measured_tpot_s <= 0:
         return None
     ratio = predicted_tpot_s / measured_tpot_s
     if not 1 / REAIM_LIMIT <= ratio <= REAIM_LIMIT:
@@ -104,8 +112,7 @@ def run(predicted: float, holds: Callable[[float], bool | Verdict], step: float 
     try:
         rate = next(search)
         while True:
-            seen = holds(rate)
-            rate = search.send(seen if isinstance(seen, Verdict) else bool(seen))
+            rate = search.send(holds(rate))
     except StopIteration as done:
         result: Bracket = done.value
         return result

@@ -137,10 +137,9 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             # The sender fell behind its schedule: the rate the engine saw is not `rate`.
             untrusted.append(f"{rate:g} req/s ({m.reason})")
         passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
-        aim = None
-        if i == 0 and params.predicted_tpot_s is not None and m.trustworthy:
-            # Measured at the predicted rate: how much faster the engine ran than predicted.
-            aim = search.reaim(rate, params.predicted_tpot_s, m.tpot_s.p50)
+        # The first rate is the predicted one: how much faster the engine ran than predicted.
+        tpot = params.predicted_tpot_s
+        aim = search.reaim(rate, tpot, m.tpot_s.p50, m.trustworthy) if i == 0 else None
         steps.append(
             Step(
                 rate=rate,

@@ -47,7 +47,7 @@ class Prediction:
     """The calibrated simulator's highest rate meeting SLO for LOAD, and its TPOT p50 there."""
 
     rps: float
-    tpot_s: float
+    tpot_s: float | None = None  # None: no re-aim
 
 
 def predicted(data_dir: Path, target: str) -> Prediction:
@@ -105,9 +105,9 @@ class Point:
     def verdict(self, first: bool, predicted: Prediction) -> Verdict:
         """As the capacity probe reads it: the first point, measured on time at the
         predicted rate, re-aims the search by its TPOT."""
-        aim = None
-        if first and self.on_time:
-            aim = search.reaim(self.rate, predicted.tpot_s, self.tpot_s)
+        aim = (
+            search.reaim(self.rate, predicted.tpot_s, self.tpot_s, self.on_time) if first else None
+        )
         return Verdict(self.held, aim)
 
 
@@ -212,7 +212,7 @@ def below_first_break(points: list[Point]) -> float | None:
     return max(held) if held else None
 
 
-def replayed(predicted: Prediction | float, points: list[Point]) -> Bracket:
+def replayed(predicted: Prediction, points: list[Point]) -> Bracket:
     """The capacity probe's search from `predicted`, run on the grid's verdicts: each rate
     it asks for is answered by the grid's nearest rate (the two searches judged on the same
     measurements, not on two runs minutes apart), its first re-aimed by that rate's TPOT
@@ -234,13 +234,9 @@ def replayed(predicted: Prediction | float, points: list[Point]) -> Bracket:
 
     def holds(rate: float) -> Verdict:
         asked.append(rate)
-        point = nearest(rate)
-        if isinstance(predicted, Prediction):
-            return point.verdict(len(asked) == 1, predicted)
-        return Verdict(point.held)
+        return nearest(rate).verdict(len(asked) == 1, predicted)
 
-    start = predicted.rps if isinstance(predicted, Prediction) else predicted
-    found = search.run(start, holds)
+    found = search.run(predicted.rps, holds)
     # Where it landed, as the grid rates that answered.
     return Bracket(
         held=None if found.held is None else nearest(found.held).rate,
