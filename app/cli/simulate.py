@@ -23,6 +23,7 @@ from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_model
 from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
+from planner.simulate.roofline import MEASURED_ERROR
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import (
     Prediction,
@@ -149,6 +150,7 @@ def simulate(
         stored, now = _stored_calibration(target), time.time()
         what = calibrated_scenario(stored, settings, loaded, slo, now=now)
         title, accounting = f"target {target} (calibrated)", None
+        source_error = stored.fit_error()
         if hint := retune_hint(stored, now):
             typer.echo(hint, err=True)
     else:
@@ -156,6 +158,7 @@ def simulate(
         what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)
         title = f"{plan.request.model.name} on {settings.tensor_parallel_size} x {gpu}"
         accounting = plan.accounting.label if plan.accounting else None
+        source_error = f"uncalibrated, assumed efficiencies; measured {MEASURED_ERROR}"
     points = sweep(what, rates, seeds)
     best = max_rate(what) if slo is not None else None
     if as_json:
@@ -167,15 +170,14 @@ def simulate(
             "max_rate": best,
             "tpot_p50_at_max_rate": at_best,
             "source": what.source,
+            "source_error": source_error,
             "kv_blocks": what.config.num_blocks,
             "vllm_accounting": accounting,
         }
         typer.echo(json.dumps(out, indent=2))
         return
     typer.echo(title)
-    source = what.source
-    if source == "roofline":
-        source += " (uncalibrated: assumed efficiencies, see docs/simulator.md)"
+    source = what.source if target is not None else f"{what.source} ({source_error})"
     typer.echo(
         f"{what.config.num_blocks:,} KV blocks of {what.config.block_size} tokens, "
         f"max_num_seqs {what.config.max_num_seqs}, max_num_batched_tokens "

@@ -242,6 +242,13 @@ class Calibration(BaseModel):
         """The engine settings it was fitted on."""
         return EngineConfig(**self.engine)  # type: ignore[arg-type]
 
+    def fit_error(self) -> str:
+        """How far its fit missed the measurements it was fitted on."""
+        return (
+            f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
+            "percentile)"
+        )
+
     def describe(self, now: float | None = None) -> str:
         """What it was fitted on and how well; with `now`, how long ago it was measured (the
         machine's speed moves with time, docs/simulator.md)."""
@@ -269,8 +276,7 @@ class Calibration(BaseModel):
                 tuned += f", tuned {_ago(now - self.tuned_at)}"
         return (
             f"calibrated on {self.target or 'an engine'} from {self.samples} measurements: "
-            f"fit error {self.residual_low:+.0%} to {self.residual_high:+.0%} (10th-90th "
-            f"percentile); prompts up to {self.max_prompt:,} tokens, batches up to "
+            f"{self.fit_error()}; prompts up to {self.max_prompt:,} tokens, batches up to "
             f"{self.max_batch}{tuned}"
         )
 

@@ -37,6 +37,7 @@ def test_one_rate_prints_the_latency_probes_shape_and_the_highest_rate() -> None
         assert set(doc[key]) >= {"p50", "p95", "p99"}
         assert 0 < doc[key]["p50"] <= doc[key]["p99"] or key == "queue_s"
     assert doc["source"] == "roofline" and doc["requests"] == 300
+    assert "measured on an H200" in doc["source_error"]  # the roofline's error, where known
     assert isinstance(doc["preemptions"], int) and doc["max_rate"] > 0
     assert doc["slo_share"] is not None and doc["kv_blocks"] > 0
     # The TPOT the capacity probe re-aims by: at the highest rate, inside the SLO's bound.
@@ -95,6 +96,7 @@ def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
     doc = json.loads(res.stdout)
     assert doc["source"].startswith("calibrated on cpu from 10 measurements")
     assert doc["source"].endswith("; fitted 3 h ago")  # a prediction says how old its fit is
+    assert doc["source_error"] == cal.fit_error() and "fit error" in doc["source_error"]
     assert "kvscope simulate calibrate --target cpu --retune" in res.stderr
     assert doc["kv_blocks"] == CONFIG.num_blocks and doc["ttft_s"]["p50"] > cal.api_s
     refused = kvscope(*args, "--set", "kv_cache_dtype=fp8", env_dir=tmp_path)
