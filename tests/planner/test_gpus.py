@@ -30,7 +30,7 @@ def test_catalog_covers_the_issue() -> None:
 def test_every_figure_is_cited(key: str) -> None:
     gpu = get_gpu(key)
     for field in ("memory_gb", "visible", "bandwidth", "bf16"):
-        assert gpu.source(field).startswith(("https://", "estimate", "public")), field
+        assert gpu.source(field).startswith(("https://", "estimate", "public", "measured")), field
     assert gpu.source("memory_gb").startswith("https://")
     assert gpu.source("bf16").startswith("https://")
     # FP8 is either cited or explained as missing.
