@@ -6,7 +6,8 @@ prompt is prefilled whole, in one step, however long), the embedded engine's 16 
 window it covers; `judge` asks the diagnosis what broke in it.
 
 - none: a request every two seconds, short prompt and answer.
-- queueing: 16 short requests a second, well beyond what 4 slots serve; KV stays near empty.
+- queueing: short requests at three times what 4 slots serve (measured just before, 16 a
+  second at least); KV stays near empty.
 - kv_pressure: 6,000-token prompts with 500-token answers: two fill the cache, the rest
   wait for blocks although slots are free.
 - prefill_interference: short requests, one in nine with a 7,000-token prompt: each long
@@ -49,6 +50,11 @@ LOADS: dict[str, dict[str, Any]] = {
     "down": {"rate": 1, "prompt_tokens": 64, "output_tokens": 32},
 }
 DURATION_S = 20.0  # of each scenario's load
+# Queueing's load against the engine's speed: a fixed 16 a second was well beyond a slow
+# host's engine but not a faster one's (a clean-clone CI run served it with 0.07 requests
+# waiting on average, and no cause was named).
+OVERLOAD = 3.0
+QUEUEING_MAX_RATE = 48.0  # a sender past this runs late on two cores
 KILL_AFTER_S = 6.0
 DOWN_WINDOW_S = 20.0  # from the run's start: the kill, and the engine not yet back
 
@@ -87,6 +93,8 @@ def inject(
     the window it covers."""
     params = dict(LOADS[cause], duration_s=duration_s, request_timeout_s=120, seed=seed)
     wait_serving(worker)
+    if cause == "queueing":
+        params["rate"] = queueing_rate(request, worker)
     start = time.time()
     if cause != "down":
         run = request("latency", target=NAME, timeout=600, **params)
@@ -106,6 +114,27 @@ def inject(
     thread.join()
     wait_serving(worker)
     return start, end
+
+
+def queueing_rate(request: Request, worker: Worker) -> float:
+    """`OVERLOAD` times the requests a second the diag engine's 4 slots serve, from a few
+    lone requests of queueing's shape timed now (their E2E p50 is a slot's time per
+    request; alone, each runs faster than in a full batch, so the overload is if anything
+    larger). Their answers are scraped before the scenario's window opens."""
+    shape = LOADS["queueing"]
+    run = request(
+        "latency", target=NAME, timeout=300, rate=1, duration_s=4, request_timeout_s=60,
+        prompt_tokens=shape["prompt_tokens"], output_tokens=shape["output_tokens"], seed=99,
+    )  # fmt: skip
+    e2e = run.summary.get("e2e_s", {}).get("p50") if run.status == "done" else None
+    if not e2e:
+        raise AssertionError(f"queueing's lone requests failed: {run.error or run.summary}")
+    time.sleep(2 * worker.settings.scrape.interval_s + 1)
+    slots = worker.engines[NAME].spec.max_num_seqs
+    assert slots is not None
+    rate = min(QUEUEING_MAX_RATE, max(float(shape["rate"]), OVERLOAD * slots / float(e2e)))
+    print(f"queueing at {rate:.1f} req/s: a lone request took {e2e:.3f} s", flush=True)
+    return rate
 
 
 def judge(worker: Worker, window: tuple[float, float]) -> tuple[Verdict, Signals]:
