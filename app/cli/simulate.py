@@ -29,9 +29,7 @@ from planner.simulate.whatif import (
     Prediction,
     RatePoint,
     SloBounds,
-    capacity_rps,
-    max_rate,
-    predict,
+    highest,
     sweep,
 )
 
@@ -160,10 +158,11 @@ def simulate(
         accounting = plan.accounting.label if plan.accounting else None
         source_error = f"uncalibrated, assumed efficiencies; measured {MEASURED_ERROR}"
     points = sweep(what, rates, seeds)
-    best = max_rate(what) if slo is not None else None
+    found = highest(what) if slo is not None else None
+    best = None if found is None else found[0]
     if as_json:
         # What the capacity probe compares its first measurement with (--predicted-tpot).
-        at_best = None if best is None else predict(what, best, 0, capacity_rps(what)).tpot_s.p50
+        at_best = None if found is None else found[1].tpot_s.p50
         docs = [_doc(p.prediction, p) for p in points]
         out: dict[str, Any] = docs[0] if rate is not None else {"points": docs}
         out |= {

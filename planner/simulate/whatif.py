@@ -522,28 +522,35 @@ def meets(prediction: Prediction, slo: SloBounds) -> bool:
     return prediction.slo_share is not None and prediction.slo_share >= slo.share
 
 
-def max_rate(scenario: Scenario, tolerance: float = 0.02) -> float | None:
+def highest(scenario: Scenario, tolerance: float = 0.02) -> tuple[float, Prediction] | None:
     """The highest rate (requests/s) whose prediction meets the scenario's SLO, to within
-    `tolerance` (relative); None when even 1 % of the engine's capacity misses it. The same
-    seed at every rate, so that the rates are compared on the same traffic; the search lies
-    between 1 % and 110 % of the capacity (past it the queue only grows)."""
+    `tolerance` (relative), and that prediction; None when even 1 % of the engine's capacity
+    misses it. The same seed at every rate, so that the rates are compared on the same
+    traffic; the search lies between 1 % and 110 % of the capacity (past it the queue only
+    grows)."""
     slo = scenario.slo
     if slo is None:
         raise InvalidInput("the highest rate needs an SLO (ttft_s, tpot_s and a share)")
     capacity = capacity_rps(scenario)
 
-    def ok(rate: float) -> bool:
-        return meets(predict(scenario, rate, 0, capacity), slo)
+    def at(rate: float) -> Prediction:
+        return predict(scenario, rate, 0, capacity)
 
     good, bad = capacity * 0.01, capacity * 1.1
-    if not ok(good):
+    if not meets(found := at(good), slo):
         return None
-    if ok(bad):
-        return bad
+    if meets(top := at(bad), slo):
+        return bad, top
     while bad / good > 1 + tolerance:
         mid = math.sqrt(good * bad)
-        if ok(mid):
-            good = mid
+        if meets(p := at(mid), slo):
+            good, found = mid, p
         else:
             bad = mid
-    return good
+    return good, found
+
+
+def max_rate(scenario: Scenario, tolerance: float = 0.02) -> float | None:
+    """`highest`'s rate alone."""
+    found = highest(scenario, tolerance)
+    return None if found is None else found[0]

@@ -18,6 +18,7 @@ from planner.simulate.whatif import (
     Sketch,
     SloBounds,
     capacity_rps,
+    highest,
     max_rate,
     meets,
     predict,
@@ -123,8 +124,12 @@ def test_the_highest_rate_meeting_the_slo_agrees_with_a_grid() -> None:
     grid = capacity * 0.5 * 1.02 ** np.arange(60)
     first_miss = next(r for r in grid if not meets(predict(what, float(r), 0, capacity), slo))
     assert first_miss / 1.1 <= best <= first_miss * 1.02
+    # The prediction it stopped on is that rate's, as predicted alone (the same seed).
+    found = highest(what)
+    assert found is not None and found[0] == best
+    assert found[1] == predict(what, best, 0, capacity)
     strict = replace(what, slo=SloBounds(ttft_s=0.001, tpot_s=0.05))
-    assert max_rate(strict) is None
+    assert max_rate(strict) is None and highest(strict) is None
     with pytest.raises(InvalidInput, match="SLO"):
         max_rate(replace(what, slo=None))
 
