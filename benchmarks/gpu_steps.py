@@ -18,11 +18,18 @@ lookup. Decode steps (B sequences, each one new token over a contiguous KV cache
 tokens per layer) are timed eagerly and replayed from a CUDA graph: the graph's time is the
 kernels', eager minus graph the launches'; their attention alone is timed too. The
 attention kernel is the fastest of the SDPA backends that run at each case's shapes.
-Prefill steps (one sequence of T tokens, causal) are timed eagerly. Also a device-to-device
-copy and an n^3 bf16 matmul: the machine's reachable ceilings. CUDA events time each
-repetition; the median is kept. On a machine without CUDA it runs on the CPU (tiny shapes,
-for testing), without graphs. A case that runs out of memory or fails is recorded as such
-and the run goes on; cases past the time budget are recorded as skipped.
+Prefill steps (one sequence of T tokens, causal) are timed eagerly. Mixed steps are one
+step of vLLM V1's chunked prefill: B decodes (as above) and a prompt chunk of T tokens
+(nothing of its prompt cached) in one forward, the projections, norms and MLP over the B+T
+tokens together (one GEMM of B+T rows each), attention in two SDPA calls a layer (the
+decodes over their caches, the chunk causally over itself; each part's kernel chosen at its
+own shapes) and the lm_head for the B decodes and the chunk's last token (its prompt taken
+to end in this chunk, so that it samples); timed eagerly and from a CUDA graph of the whole
+step, as decode steps are. Also a device-to-device copy and an n^3 bf16 matmul: the
+machine's reachable ceilings. CUDA events time each repetition; the median is kept. On a
+machine without CUDA it runs on the CPU (tiny shapes, for testing), without graphs. A case
+that runs out of memory or fails is recorded as such and the run goes on; cases past the
+time budget are recorded as skipped.
 """
 
 from __future__ import annotations
@@ -247,9 +254,10 @@ def rope(x: Any, cos: Any, sin: Any) -> Any:
 Attend = Callable[[int, Any, Any, Any], Any]
 
 
-def forward(m: Model, ids: Any, cos: Any, sin: Any, attend: Attend, last_only: bool) -> Any:
-    """One step over the N tokens `ids`: logits for every token (decode: each is its
-    sequence's last) or, with `last_only`, for the last one (a prefill)."""
+def forward(m: Model, ids: Any, cos: Any, sin: Any, attend: Attend, rows: Any = None) -> Any:
+    """One step over the N tokens `ids`: logits for the tokens `rows` picks (an index tensor
+    or a slice, as vLLM's logits indices: those whose sequences sample), for every token
+    when None (a decode: each is its sequence's last)."""
     s = m.s
     x = F.embedding(ids, m.embed)
     for i, layer in enumerate(m.layers):
@@ -263,8 +271,8 @@ def forward(m: Model, ids: Any, cos: Any, sin: Any, attend: Attend, last_only: b
         h = rms_norm(x, layer.norm2, s.eps)
         gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
         x = x + F.linear(F.silu(gate) * up, layer.down)
-    if last_only:
-        x = x[-1:]
+    if rows is not None:
+        x = x[rows]
     return F.linear(rms_norm(x, m.norm, s.eps), m.lm_head)
 
 
@@ -434,42 +442,76 @@ def attention_alone(
     return layers
 
 
-def decode_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any]) -> None:
-    """B sequences of C cached tokens, one new token each: the step eagerly, from a CUDA
-    graph, and its attention alone (all layers), into `case`."""
-    s = m.s
-    b, c = int(case["batch"]), int(case["context"])
-    shape = (b, s.kv_heads, c + 1, s.head_dim)  # C cached tokens and the new one
-    kcache = [torch.empty(shape, dtype=DTYPE, device=device).normal_() for _ in range(s.layers)]
-    vcache = [torch.empty(shape, dtype=DTYPE, device=device).normal_() for _ in range(s.layers)]
-    ids = torch.randint(0, s.vocab, (b,), device=device)
-    cos, sin = rope_tables(torch.full((b,), c, device=device), s)
+def decode_attend(
+    s: Shapes, kcache: list[Any], vcache: list[Any], c: int
+) -> Callable[[str], Attend]:
+    """Attention of B decodes, each one new token at position `c` over its cache (the
+    caches [B, KV heads, C+1, head_dim] a layer: C cached tokens, the new one written at
+    `c`), GQA done as the mode says."""
 
     def attend(mode: str) -> Attend:
         def go(i: int, q: Any, k: Any, v: Any) -> Any:
             kc, vc = kcache[i], vcache[i]
             kc[:, :, c] = k
             vc[:, :, c] = v
-            return sdpa(q.unsqueeze(2), kc, vc, False, mode).reshape(b, s.q_size)
+            return sdpa(q.unsqueeze(2), kc, vc, False, mode).reshape(q.shape[0], s.q_size)
 
         return go
 
-    layers = attention_alone(attend, s, b, device)
+    return attend
 
+
+def prefill_attend(s: Shapes, kcache: list[Any], vcache: list[Any]) -> Callable[[str], Attend]:
+    """Attention of one sequence's T tokens, nothing of it cached, causal over themselves
+    (their K and V written to the caches [1, KV heads, T, head_dim] a layer first)."""
+
+    def attend(mode: str) -> Attend:
+        def go(i: int, q: Any, k: Any, v: Any) -> Any:
+            kc, vc = kcache[i], vcache[i]
+            kc[0] = k.transpose(0, 1)
+            vc[0] = v.transpose(0, 1)
+            out = sdpa(q.transpose(0, 1).unsqueeze(0), kc, vc, True, mode)
+            return out[0].transpose(0, 1).reshape(q.shape[0], s.q_size)
+
+        return go
+
+    return attend
+
+
+def mixed_attend(
+    b: int, decodes: tuple[str | None, Attend], chunk: tuple[str | None, Attend]
+) -> Attend:
+    """A mixed step's attention: the first `b` rows are decodes, the rest one prompt chunk;
+    each part through its own attention under its own SDPA backend (two calls a layer), the
+    outputs joined in the rows' order."""
+    (d_backend, d_go), (c_backend, c_go) = decodes, chunk
+
+    def go(i: int, q: Any, k: Any, v: Any) -> Any:
+        with backend_context(d_backend):
+            out_d = d_go(i, q[:b], k[:b], v[:b])
+        with backend_context(c_backend):
+            out_c = c_go(i, q[b:], k[b:], v[b:])
+        return torch.cat((out_d, out_c))
+
+    return go
+
+
+def random_caches(shape: tuple[int, ...], layers: int, device: Any, fill: bool) -> list[Any]:
+    """One cache tensor a layer (random values with `fill`, else left as allocated)."""
+    made = [torch.empty(shape, dtype=DTYPE, device=device) for _ in range(layers)]
+    return [t.normal_() for t in made] if fill else made
+
+
+def time_step(
+    step: Callable[[], Any],
+    attention: Callable[[], None],
+    case: dict[str, Any],
+    device: Any,
+    run: dict[str, Any],
+) -> None:
+    """The step eagerly and, on a GPU, replayed from a CUDA graph; its attention alone from
+    a graph (eagerly on a CPU); into `case`."""
     cuda = device.type == "cuda"
-    backend, mode, tried = choose_attention(DECODE_ATTENTION, layers, device, cuda)
-    case["attention_backend"] = f"{backend or 'default'}/{mode}"
-    case["attention_candidates"] = tried
-    go = attend(mode)
-
-    def step() -> Any:
-        with backend_context(backend):
-            return forward(m, ids, cos, sin, go, last_only=False)
-
-    def attention() -> None:
-        with backend_context(backend):
-            layers(mode)
-
     case["eager"] = timed(step, device, run["warmup"], run["reps"])
     if not cuda:
         case["attention"] = timed(attention, device, run["warmup"], run["reps"])
@@ -482,26 +524,46 @@ def decode_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any]
     case["peak_memory_bytes"] = peak_bytes(device)
 
 
+def decode_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any]) -> None:
+    """B sequences of C cached tokens, one new token each: the step eagerly, from a CUDA
+    graph, and its attention alone (all layers), into `case`."""
+    s = m.s
+    b, c = int(case["batch"]), int(case["context"])
+    shape = (b, s.kv_heads, c + 1, s.head_dim)  # C cached tokens and the new one
+    kcache = random_caches(shape, s.layers, device, True)
+    vcache = random_caches(shape, s.layers, device, True)
+    ids = torch.randint(0, s.vocab, (b,), device=device)
+    cos, sin = rope_tables(torch.full((b,), c, device=device), s)
+    attend = decode_attend(s, kcache, vcache, c)
+    layers = attention_alone(attend, s, b, device)
+
+    cuda = device.type == "cuda"
+    backend, mode, tried = choose_attention(DECODE_ATTENTION, layers, device, cuda)
+    case["attention_backend"] = f"{backend or 'default'}/{mode}"
+    case["attention_candidates"] = tried
+    go = attend(mode)
+
+    def step() -> Any:
+        with backend_context(backend):
+            return forward(m, ids, cos, sin, go)
+
+    def attention() -> None:
+        with backend_context(backend):
+            layers(mode)
+
+    time_step(step, attention, case, device, run)
+
+
 def prefill_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any]) -> None:
     """One sequence of T tokens, causal, its K and V written to a contiguous cache; eager."""
     s = m.s
     t = int(case["tokens"])
     shape = (1, s.kv_heads, t, s.head_dim)
-    kcache = [torch.empty(shape, dtype=DTYPE, device=device) for _ in range(s.layers)]
-    vcache = [torch.empty(shape, dtype=DTYPE, device=device) for _ in range(s.layers)]
+    kcache = random_caches(shape, s.layers, device, False)
+    vcache = random_caches(shape, s.layers, device, False)
     ids = torch.randint(0, s.vocab, (t,), device=device)
     cos, sin = rope_tables(torch.arange(t, device=device), s)
-
-    def attend(mode: str) -> Attend:
-        def go(i: int, q: Any, k: Any, v: Any) -> Any:
-            kc, vc = kcache[i], vcache[i]
-            kc[0] = k.transpose(0, 1)
-            vc[0] = v.transpose(0, 1)
-            out = sdpa(q.transpose(0, 1).unsqueeze(0), kc, vc, True, mode)
-            return out[0].transpose(0, 1).reshape(t, s.q_size)
-
-        return go
-
+    attend = prefill_attend(s, kcache, vcache)
     layers = attention_alone(attend, s, t, device)
 
     backend, mode, tried = choose_attention(PREFILL_ATTENTION, layers, device, False)
@@ -511,10 +573,93 @@ def prefill_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any
 
     def step() -> Any:
         with backend_context(backend):
-            return forward(m, ids, cos, sin, go, last_only=True)
+            return forward(m, ids, cos, sin, go, slice(t - 1, t))
 
     case["eager"] = timed(step, device, run["prefill_warmup"], run["prefill_reps"])
     case["peak_memory_bytes"] = peak_bytes(device)
+
+
+@dataclass(slots=True)
+class MixedStep:
+    """The inputs of a mixed step: B decodes (rows 0..B-1, each at position C over its
+    cache) then a prompt chunk of T tokens (rows B..B+T-1, positions 0..T-1)."""
+
+    b: int
+    c: int
+    t: int
+    ids: Any
+    cos: Any
+    sin: Any
+    rows: Any  # the rows whose logits are computed: the decodes and the chunk's last
+    decode_k: list[Any]  # the decodes' caches, a layer each
+    decode_v: list[Any]
+    chunk_k: list[Any]  # the chunk's
+    chunk_v: list[Any]
+    decodes: Callable[[str], Attend]  # their attentions over those caches, by GQA mode
+    chunk: Callable[[str], Attend]
+
+
+def mixed_step(s: Shapes, b: int, c: int, t: int, device: Any) -> MixedStep:
+    """A mixed step's inputs and caches, random (the decodes' caches filled)."""
+    decode_shape = (b, s.kv_heads, c + 1, s.head_dim)
+    chunk_shape = (1, s.kv_heads, t, s.head_dim)
+    ids = torch.randint(0, s.vocab, (b + t,), device=device)
+    positions = torch.cat((torch.full((b,), c, device=device), torch.arange(t, device=device)))
+    cos, sin = rope_tables(positions, s)
+    rows = torch.cat((torch.arange(b, device=device), torch.full((1,), b + t - 1, device=device)))
+    decode_k = random_caches(decode_shape, s.layers, device, True)
+    decode_v = random_caches(decode_shape, s.layers, device, True)
+    chunk_k = random_caches(chunk_shape, s.layers, device, False)
+    chunk_v = random_caches(chunk_shape, s.layers, device, False)
+    return MixedStep(
+        b=b,
+        c=c,
+        t=t,
+        ids=ids,
+        cos=cos,
+        sin=sin,
+        rows=rows,
+        decode_k=decode_k,
+        decode_v=decode_v,
+        chunk_k=chunk_k,
+        chunk_v=chunk_v,
+        decodes=decode_attend(s, decode_k, decode_v, c),
+        chunk=prefill_attend(s, chunk_k, chunk_v),
+    )
+
+
+def mixed_case(m: Model, case: dict[str, Any], device: Any, run: dict[str, Any]) -> None:
+    """B decodes over C cached tokens and a prompt chunk of T tokens in one forward (vLLM
+    V1's chunked prefill): eagerly, from a CUDA graph, and its attention alone, into
+    `case`. The decodes' attention kernel and the chunk's are each the fastest at their own
+    shapes (timed from a graph on a GPU: the whole step is replayed from one). vLLM replays
+    such a step from piecewise graphs, attention run eagerly between them, and only up to
+    its largest captured size (a step over it runs eagerly): its forward's time lies
+    roughly between the graph's and the eager one here."""
+    s = m.s
+    b, c, t = int(case["batch"]), int(case["context"]), int(case["chunk"])
+    ms = mixed_step(s, b, c, t, device)
+    cuda = device.type == "cuda"
+    d_backend, d_mode, d_tried = choose_attention(
+        DECODE_ATTENTION, attention_alone(ms.decodes, s, b, device), device, cuda
+    )
+    c_backend, c_mode, c_tried = choose_attention(
+        PREFILL_ATTENTION, attention_alone(ms.chunk, s, t, device), device, cuda
+    )
+    case["attention_backend"] = (
+        f"{d_backend or 'default'}/{d_mode} + {c_backend or 'default'}/{c_mode}"
+    )
+    case["attention_candidates"] = {"decodes": d_tried, "chunk": c_tried}
+    go = mixed_attend(b, (d_backend, ms.decodes(d_mode)), (c_backend, ms.chunk(c_mode)))
+    layers = attention_alone(lambda _mode: go, s, b + t, device)
+
+    def step() -> Any:
+        return forward(m, ms.ids, ms.cos, ms.sin, go, ms.rows)
+
+    def attention() -> None:
+        layers("")
+
+    time_step(step, attention, case, device, run)
 
 
 def copy_ceiling(device: Any, run: dict[str, Any]) -> dict[str, Any]:
@@ -683,6 +828,22 @@ def measure_case(
             kv_cache_bytes=t * s.kv_bytes_per_token(),
             flops=s.matmul_flops(t, 1) + s.attention_flops(pairs),
         )
+    elif kind == "mixed":
+        b, c, t = int(raw["batch"]), int(raw["context"]), int(raw["chunk"])
+        cached = b * (c + 1) + t  # the decodes' caches with their new tokens, the chunk's own
+        case.update(
+            batch=b,
+            context=c,
+            chunk=t,
+            tokens=b + t,
+            # At the least: the weights (as above) once for all B+T tokens, the decodes'
+            # caches and the chunk's own K and V once.
+            weights_read_bytes=model.bytes_read(b + t),
+            kv_read_bytes=cached * s.kv_bytes_per_token(),
+            kv_cache_bytes=cached * s.kv_bytes_per_token(),
+            # The lm_head for the B decodes and the chunk's last token.
+            flops=s.matmul_flops(b + t, b + 1) + s.attention_flops(b * (c + 1) + t * (t + 1) // 2),
+        )
     else:
         case["error"] = f"unknown case kind {kind!r}"
         return case
@@ -691,7 +852,9 @@ def measure_case(
         return case
     started = time.monotonic()
     try:
-        (decode_case if kind == "decode" else prefill_case)(model, case, device, run)
+        {"decode": decode_case, "prefill": prefill_case, "mixed": mixed_case}[kind](
+            model, case, device, run
+        )
     except Exception as err:
         case["error"] = describe_error(err)
     case["wall_s"] = time.monotonic() - started

@@ -11,6 +11,11 @@ error per case and the efficiencies the GPU really reached.
     # on the GPU machine (torch only):  python -u benchmarks/gpu_steps.py SPEC OUT
     .venv/bin/python -m benchmarks.roofline_gpu compare SPEC OUT
 
+The cases: decode steps (B sequences over C cached tokens), whole prefills (T tokens), and
+mixed steps (B decodes and a fresh prompt's chunk of T tokens in one forward, as vLLM V1
+runs chunked prefill; B + T a usual max_num_batched_tokens), each predicted as the
+simulator's engine counts that step.
+
 `spec --tiny` writes a 2-layer, 64-wide model and small cases, for a CPU run of
 gpu_steps.py that tests the path end to end; its predictions are the roofline's for that
 tiny model on the named GPU, so against a CPU's timings they mean nothing (compare says so).
@@ -43,6 +48,9 @@ from planner.simulate.roofline import (
 DECODE_CASES = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 1024), (128, 512), (32, 8192),
                 (128, 2048)]  # fmt: skip
 PREFILL_CASES = [512, 2048, 8192]
+# (decodes, cached tokens each, chunk): one step of chunked prefill, the decodes taking their
+# token each and a prompt's first chunk the rest of a max_num_batched_tokens of 512 or 2,048.
+MIXED_CASES = [(32, 2048, 480), (64, 1024, 448), (8, 2048, 2040), (128, 512, 384)]
 MAX_KV_GB = 40.0
 BUDGET_S = 150.0  # gpu_steps.py skips the cases left after this (the run stays under 3 min)
 # The tiny model of `--tiny`: Llama-shaped, GQA (4 query heads over 2 KV heads).
@@ -59,6 +67,7 @@ TINY_CONFIG: dict[str, Any] = {
 }
 TINY_DECODE = [(1, 16), (4, 64), (16, 128)]
 TINY_PREFILL = [64, 256]
+TINY_MIXED = [(4, 64, 60), (16, 128, 48)]
 TINY_RUN: dict[str, Any] = {"copy_bytes": 1 << 24, "matmul_n": 256}
 
 
@@ -139,6 +148,7 @@ def make_spec(
     plan: CapacityPlan,
     decode: list[tuple[int, int]],
     prefill: list[int],
+    mixed: list[tuple[int, int, int]],
     max_kv_gb: float,
     budget_s: float,
     tiny: bool,
@@ -175,6 +185,22 @@ def make_spec(
         cases.append({
             "id": f"prefill T={t}", "kind": "prefill", "tokens": t,
             "roofline": prediction(plan, cost, t, t, 1, pairs_of(t, 0)),
+        })  # fmt: skip
+    for b, c, t in mixed:
+        kv_bytes = (b * (c + 1) + t) * plan.kv_bytes_per_token_per_gpu
+        if kv_bytes > min(max_kv_gb * 1e9, room):
+            print(
+                f"mixed B={b} C={c} T={t} left out: its KV is {kv_bytes / 1e9:.1f} GB", flush=True
+            )
+            continue
+        # As the engine counts a step of B running decodes into which a waiting prompt's first
+        # chunk of T tokens, nothing of it cached, is admitted (engine._Engine.decode_step;
+        # _Engine.step counts the same): tokens = B + T; kv_tokens = context + B + cached +
+        # chunk = B*C + B + T; pairs = context + B + pairs_of(T, 0); seqs = B + 1.
+        kv, pairs = b * c + b + t, b * c + b + pairs_of(t, 0)
+        cases.append({
+            "id": f"mixed B={b} C={c} T={t}", "kind": "mixed", "batch": b, "context": c,
+            "chunk": t, "roofline": prediction(plan, cost, b + t, kv, b + 1, pairs),
         })  # fmt: skip
     run: dict[str, Any] = {**(TINY_RUN if tiny else {}), "budget_s": budget_s}
     return {
@@ -315,7 +341,7 @@ def compare(spec: dict[str, Any], measured: dict[str, Any]) -> str:
     got = {c["id"]: c for c in measured.get("cases", [])}
     mem_eff: list[tuple[float, float]] = []  # (roofline bytes, measured s), memory-bound
     comp_eff: list[tuple[float, float]] = []  # (roofline FLOPs, measured s), compute-bound
-    launches: list[float] = []
+    launches: dict[str, list[float]] = {}  # eager - graph, by the case's kind
     out += [
         "| case | bound | predicted ms | w/o overhead ms | measured graph ms | measured eager "
         "ms | error vs graph | w/o overhead vs graph | predicted vs eager | implied efficiency"
@@ -346,7 +372,7 @@ def compare(spec: dict[str, Any], measured: dict[str, Any]) -> str:
             reached = m["flops"] / step / peak
             comp_eff.append((pred["flops"], step))
         if graph is not None and eager is not None:
-            launches.append(eager - graph)
+            launches.setdefault(case.get("kind", "decode"), []).append(eager - graph)
         tag = "" if which == "graph" else " (eager)"
         attn = _median(m, "attention")
         attn_bw = (
@@ -373,10 +399,30 @@ def compare(spec: dict[str, Any], measured: dict[str, Any]) -> str:
         "every sequence's KV; or the projections, attention's QK and PV, and the lm_head for "
         "the last tokens only). Attention: every layer's attention alone, from a CUDA graph;"
         " in brackets the share of the datasheet bandwidth its KV read reaches.",
+        *_mixed_note(spec["cases"]),
         "",
         *summary(plan, bw, peak, mem_eff, comp_eff, launches, spec["cases"], got),
     ]
     return "\n".join(out)
+
+
+def _mixed_note(cases: list[dict[str, Any]]) -> list[str]:
+    """What a mixed case is and how it is counted (nothing when the spec has none)."""
+    if not any(case.get("kind") == "mixed" for case in cases):
+        return []
+    return [
+        "",
+        "Mixed B, C, T: one step of chunked prefill, B decodes over C cached tokens and the "
+        "first chunk of T tokens of a fresh prompt (taken to end there, so that it samples) "
+        "in one forward: one GEMM of B + T rows a projection, attention in two SDPA calls a "
+        "layer (the decodes', the chunk's; both kernels named), logits for B + 1 tokens. The"
+        " roofline counts it as the engine does (B + T tokens attending B x C + B + T). Its "
+        "graph replays the whole step; vLLM replays a mixed step from piecewise graphs, "
+        "attention eagerly between them, and runs one past its largest captured size "
+        "eagerly: its forward lies roughly between the graph's figure and the eager one. Its "
+        "attention column counts the decodes' caches and the chunk's own K and V as its KV"
+        " read, though the chunk's part is bound by compute.",
+    ]
 
 
 def summary(
@@ -385,7 +431,7 @@ def summary(
     peak: float,
     mem: list[tuple[float, float]],
     comp: list[tuple[float, float]],
-    launches: list[float],
+    launches: dict[str, list[float]],
     cases: list[dict[str, Any]],
     got: dict[str, dict[str, Any]],
 ) -> list[str]:
@@ -406,14 +452,20 @@ def summary(
             f"- {name}: {suggested[key]:.3f} (median of {len(pts)} cases, {min(per):.3f} to "
             f"{max(per):.3f}; the roofline assumes {plan[key]:g})"
         )
-    if launches:
-        mid = statistics.median(launches)
+    if decodes := launches.get("decode"):
+        mid = statistics.median(decodes)
         lines.append(
             f"- eager minus CUDA graph, a decode step: median {mid * 1e3:.3f} ms "
-            f"({min(launches) * 1e3:.3f} to {max(launches) * 1e3:.3f}): the launches a "
+            f"({min(decodes) * 1e3:.3f} to {max(decodes) * 1e3:.3f}): the launches a "
             f"graph saves. The roofline's {plan['step_overhead_s'] * 1e3:g} ms a step stands "
             "for more (scheduling, sampling, detokenising, streaming), which this forward "
             "pass does not run."
+        )
+    if mixes := launches.get("mixed"):
+        mid = statistics.median(mixes)
+        lines.append(
+            f"- eager minus CUDA graph, a mixed step: median {mid * 1e3:.3f} ms "
+            f"({min(mixes) * 1e3:.3f} to {max(mixes) * 1e3:.3f})."
         )
     if suggested:
         # Each measured case predicted again with the suggested efficiencies (the assumed
@@ -447,6 +499,18 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    """'32x2048x480,8x2048x2040' -> [(32, 2048, 480), (8, 2048, 2040)]."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3:
+            raise argparse.ArgumentTypeError(f"{item!r}: want BxCxT")
+        b, c, t = (int(x) for x in parts)
+        out.append((b, c, t))
+    return out
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -461,6 +525,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="a tiny model and cases, for a CPU test")
     p.add_argument("--decode", type=_pairs, default=None, help="BxC,... (default: 8 cases)")
     p.add_argument("--prefill", type=_ints, default=None, help="T,... (default: 512,2048,8192)")
+    p.add_argument(
+        "--mixed",
+        type=_triples,
+        default=None,
+        help="BxCxT,...: B decodes over C cached tokens and a prompt chunk of T (default: 4 "
+        "cases, B+T 512 or 2048)",
+    )
     p.add_argument("--max-kv-gb", type=float, default=MAX_KV_GB, help="leave out bigger caches")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="gpu_steps.py's budget")
     c = sub.add_parser("compare", help="the roofline against gpu_steps.py's results")
@@ -471,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = build_plan(args.model, args.gpu, args.tiny)
         decode = args.decode or (TINY_DECODE if args.tiny else DECODE_CASES)
         prefill = args.prefill or (TINY_PREFILL if args.tiny else PREFILL_CASES)
-        spec = make_spec(plan, decode, prefill, args.max_kv_gb, args.budget_s, args.tiny)
+        mixed = args.mixed or (TINY_MIXED if args.tiny else MIXED_CASES)
+        spec = make_spec(plan, decode, prefill, mixed, args.max_kv_gb, args.budget_s, args.tiny)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
         print(f"{len(spec['cases'])} cases for {plan.request.model.name} on {args.gpu}: {args.out}")
