@@ -238,8 +238,7 @@ def test_oom_probe_finds_the_frontier_the_planner_predicts(
 def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
     live: LiveWorker, cpu_engine: str
 ) -> None:
-    # Answers long enough (256 tokens) that requests overlap: the cache is never empty
-    # during the load, so the samples see it whatever their phase against the arrivals.
+    # Answers long enough (256 tokens) that requests overlap in the engine.
     s = _probe(
         live,
         "kv_usage",
@@ -255,7 +254,16 @@ def test_kv_usage_probe_reports_a_trend_and_the_return_to_baseline(
     start, end = s["load_window"]
     under_load = [p["kv_usage"] for p in s["timeline"] if start + 1 <= p["t"] <= end]
     assert len(under_load) >= 8 and s["kv_usage_peak"] > 0
-    assert statistics.median(under_load) > 0  # the gauge moves while requests run
+    # The gauge moves with the requests the engine holds: each sample that saw requests
+    # running saw their blocks in use, and none saw blocks without them (one scrape, one
+    # snapshot of vLLM's scheduler). Not "never empty during the load": in a clean-clone run
+    # beside a CPU hog the cache emptied for seconds under load (0.0, 0.027, 0.047, 0.074,
+    # 0.0, 0.0, ...), the requests most likely held back by a starved API server.
+    seen = [(p["t"], p["kv_usage"], p["running"]) for p in s["timeline"]]
+    assert all(
+        (kv > 0) == (run > 0) for _, kv, run in seen if kv is not None and run is not None
+    ), seen
+    assert sum(kv > 0 for kv in under_load if kv is not None) >= 3, seen
     assert s["slope_per_min"] is not None and s["slope_stderr_per_min"] >= 0
     assert s["returned_to_baseline"] is True and s["after"] == 0
     assert "of the cache per minute" in s["message"]
