@@ -22,8 +22,8 @@ from app.cli.probe import run_local_probe
 from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_model
+from planner.simulate import roofline
 from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
-from planner.simulate.roofline import MEASURED_ERROR
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import (
     Prediction,
@@ -156,7 +156,7 @@ def simulate(
         what, plan = scenario(load_model(model), get_gpu(gpu), settings, loaded, slo)
         title = f"{plan.request.model.name} on {settings.tensor_parallel_size} x {gpu}"
         accounting = plan.accounting.label if plan.accounting else None
-        source_error = f"uncalibrated, assumed efficiencies; measured {MEASURED_ERROR}"
+        source_error = roofline.describe()
     points = sweep(what, rates, seeds)
     found = highest(what) if slo is not None else None
     best = None if found is None else found[0]

@@ -18,8 +18,8 @@ from app import common
 from app.charts import whatif as charts
 from planner.gpus import catalog, get_gpu
 from planner.models import load_preset, preset_names
+from planner.simulate import roofline
 from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
-from planner.simulate.roofline import MEASURED_ERROR
 from planner.simulate.setup import VARIANTS, Settings, calibrated_scenario, scenario, variant
 from planner.simulate.whatif import RatePoint, SloBounds, max_rate, sweep
 from planner.workload import PRESETS
@@ -27,9 +27,8 @@ from planner.workload import PRESETS
 KEY = "whatif_"
 NONE = "nothing"
 SOURCE_NOTE = (
-    "Step cost: roofline (uncalibrated: 80 % of the memory bandwidth, 50 % of the BF16 peak, "
-    f"3 ms a step, assumed). Its measured error: {MEASURED_ERROR}. The scheduler itself is "
-    "checked step by step (docs/simulator.md)."
+    f"Step cost: roofline ({roofline.describe()}). The scheduler itself is checked step by "
+    "step (docs/simulator.md)."
 )
 
 

@@ -26,6 +26,16 @@ MEASURED_ERROR = (
 )
 
 
+def describe() -> str:
+    """What a roofline prediction says of its step cost: the assumed efficiencies and the
+    error measured where it was."""
+    return (
+        f"uncalibrated: {MEMORY_EFFICIENCY:.0%} of the memory bandwidth, "
+        f"{COMPUTE_EFFICIENCY:.0%} of the BF16 peak, {STEP_OVERHEAD_S * 1000:g} ms a step, "
+        f"assumed; measured {MEASURED_ERROR}"
+    )
+
+
 def roofline_cost(plan: CapacityPlan) -> StepCost:
     """The step cost of one replica of `plan` on its GPU (per-GPU shares under TP)."""
     gpu = plan.request.gpu
