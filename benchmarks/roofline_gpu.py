@@ -294,13 +294,10 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for case in out.get("cases", []):
         for key in ("graph", "eager", "attention"):
             values = [
-                got[case["id"]][key]["median_s"]
-                for got in by_id
-                if isinstance(got.get(case["id"], {}).get(key), dict)
-                and "median_s" in got[case["id"]][key]
+                v for got in by_id if (v := _median(got.get(case["id"], {}), key)) is not None
             ]
             if values:
-                case[key]["median_s"] = statistics.median(values)
+                case.setdefault(key, {})["median_s"] = statistics.median(values)
     return out
 
 
