@@ -1,8 +1,9 @@
 """The capacity search on the real CPU engine: the simulator, calibrated on the engine,
-predicts the highest rate meeting an SLO and the TPOT there; the capacity probe searches
-around that prediction, re-aimed by the TPOT it measures first (at most six measured
-rates); an exhaustive grid of measured rates says where the answer is. Prints the
-prediction, the search's points, the grid, and how far apart.
+predicts the highest rate meeting an SLO in windows of the probe's length; the capacity
+probe (guided) searches around that prediction, re-aimed by re-simulating with the step
+cost that gives the TPOT it measures first (at most six measured rates); an exhaustive grid
+of measured rates says where the answer is. Prints the prediction, the search's points,
+the grid, and how far apart.
 
     .venv/bin/python -m benchmarks.capacity_search                   # ~8 min
     .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~13 min
@@ -42,7 +43,7 @@ def main() -> None:
     with injection.diag_worker(venv) as (worker, request):
         data = worker.settings.data_dir
         capacity.calibrate(data, injection.NAME)
-        predicted = capacity.predicted(data, injection.NAME)
+        predicted = capacity.predicted(worker.store, injection.NAME, args.duration)
         print(f"SLO {capacity.SLO}, load {capacity.LOAD}, {args.duration:g} s a rate, {args.order}")
         print(
             f"predicted highest rate meeting the SLO: {predicted.rps:.2f} req/s, TPOT p50 "
@@ -57,7 +58,7 @@ def main() -> None:
                     request, injection.NAME, predicted, span, args.duration, seed=r
                 )
             else:
-                found = capacity.guided(request, injection.NAME, predicted, args.duration)
+                found = capacity.guided(request, injection.NAME, args.duration)
                 steps = [Point.of(s) for s in found.steps]
                 centre = capacity.centre(predicted, steps[0].verdict(True, predicted))
                 rates = capacity.ladder(centre * args.low, centre * args.high)

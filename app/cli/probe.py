@@ -117,7 +117,7 @@ def run_local_probe(
 ) -> tuple[int, dict[str, Any]]:
     """Run a probe in this process, stored like one the worker ran; its run id and summary."""
     from probes.engine.spec import address
-    from probes.kinds import StoredRun
+    from probes.kinds import StoredRun, calibration
     from probes.kinds.context import stored
     from probes.kinds.requests import begin_local_probe
     from probes.vllm.client import Target
@@ -153,9 +153,12 @@ def run_local_probe(
         # What runs: the spec as last started (a saved edit waits for a restart).
         started = q.get_started_spec(store, known.name)
         spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
+    fitted = calibration.stored(store, known.name) if known is not None else None
     runner = StoredRun(store, run.id, on_progress=_Bar())
     try:
-        outcome = runner.run(kind, params, where, model=model, managed=managed, spec=spec)
+        outcome = runner.run(
+            kind, params, where, model=model, managed=managed, spec=spec, calibration=fitted
+        )
     except KeyboardInterrupt:
         q.update_run(store, run.id, status="cancelled", error="interrupted (Ctrl-C)")
         sys.stderr.write("\ninterrupted\n")

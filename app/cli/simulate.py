@@ -182,7 +182,10 @@ def simulate(
         f"max_num_seqs {what.config.max_num_seqs}, max_num_batched_tokens "
         f"{what.config.max_num_batched_tokens:,}; step cost: {source}"
     )
-    typer.echo(f"{what.requests:,} requests per run; times in ms")
+    per_run = (
+        f"{what.duration_s:g} s of arrivals" if what.duration_s else f"{what.requests:,} requests"
+    )
+    typer.echo(f"{per_run} per run; times in ms")
     for point in points:
         typer.echo(_line(point))
     flags = {f for point in points for f in point.prediction.extrapolation}
@@ -198,6 +201,7 @@ def simulate(
 
 def _stored_calibration(target: str, store: Engine | None = None) -> Calibration:
     """The calibration stored for `target` (read from `store`, or from a store of its own)."""
+    from probes.kinds.calibration import stored
     from storage import queries as q
     from storage.db import open_store
 
@@ -205,7 +209,7 @@ def _stored_calibration(target: str, store: Engine | None = None) -> Calibration
     db = open_store(settings().db_url) if store is None else store
     try:
         q.get_target(db, target)  # an unknown name: NotFound, one line
-        found = q.get_state(db, CALIBRATION_KEY.format(target))
+        found = stored(db, target)
     finally:
         if own:
             db.dispose()
@@ -214,7 +218,7 @@ def _stored_calibration(target: str, store: Engine | None = None) -> Calibration
             f"target {target} has no calibration yet: run kvscope simulate calibrate "
             f"--target {target}"
         )
-    return Calibration.model_validate(found[0])
+    return found
 
 
 @simulate_app.command("calibrate")

@@ -58,10 +58,14 @@ def _start_form(targets: list[TargetRow]) -> None:
     data: dict[str, Any] = {}
     for col, f in zip(cols, kind.form, strict=True):
         default = kind.params.model_fields[f.name].default if f.default is None else f.default
+        key = f"probe_{name}_{f.name}"
+        if isinstance(default, bool):  # a switch (the capacity probe's guided)
+            data[f.name] = col.checkbox(f.label, value=default, key=key)
+            continue
         data[f.name] = col.number_input(
             f.label,
             value=default,
-            key=f"probe_{name}_{f.name}",
+            key=key,
             min_value=0 if isinstance(default, int) else 0.0,
         )
     extra = st.text_area(

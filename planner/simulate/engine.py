@@ -125,6 +125,18 @@ class StepCost:
             step += kv * self.pair_s
         return step
 
+    def scaled(self, k: float) -> StepCost:
+        """Every step `k` times as long (a host `k` times as slow)."""
+        return StepCost(
+            self.overhead_s * k,
+            self.weights_read_s * k,
+            self.kv_token_read_s * k,
+            self.token_compute_s * k,
+            self.additive,
+            self.seq_s * k,
+            self.pair_s * k,
+        )
+
 
 # The window a calibration measures the host's speed over (a few seconds: a shared
 # machine's speed moves from one to the next).

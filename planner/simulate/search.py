@@ -13,6 +13,13 @@ simulator predicted there says how much slower or faster it runs than calibrated
 rate scales by the same ratio. The search jumps to that aim when it lies beyond the next
 step on the side the verdict points to; otherwise it steps as before.
 
+With the calibrated scenario at hand (the capacity probe's `guided`), the re-aim is
+re-simulated instead (`resimulated`): the step cost is scaled until the simulator gives the
+TPOT measured at the first rate, and the aim is that scenario's highest rate meeting the SLO.
+The plain ratio misses by what the batch adds: a slower engine also holds more requests in
+flight at the same rate, so its TPOT overstates its slowness (17-28 % low for an engine
+1.1-2 times as costly, `tests/planner/test_search.py`).
+
 The search is a generator: it yields the next rate to measure and is sent the verdict there
 (whether the SLO held, or a `Verdict` with an aim), so a probe can drive it from async code
 and a test from a plain function.
@@ -22,9 +29,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.errors import InvalidInput
+from planner.simulate.whatif import Scenario, capacity_rps, highest, predict
 
 STEP = 1.1
 MAX_POINTS = 6
@@ -69,6 +77,57 @@ def reaim(
     if not 1 / REAIM_LIMIT <= ratio <= REAIM_LIMIT:
         return None
     return predicted * ratio
+
+
+@dataclass(frozen=True)
+class Aim:
+    """Where a measured TPOT points: the highest rate meeting the SLO on the scenario whose
+    step cost is `scale` times the calibrated one, and that rate's TPOT p50."""
+
+    rate: float
+    scale: float
+    tpot_s: float | None
+
+
+# Bisection steps on the step cost's scale (log, over REAIM_LIMIT either way): 0.3 % wide.
+_SCALE_STEPS = 10
+
+
+def resimulated(
+    scenario: Scenario, rate: float, measured_tpot_s: float | None, on_time: bool = True
+) -> Aim | None:
+    """The re-aim from the scenario itself: the step-cost scale at which its TPOT p50 at
+    `rate` is the one measured there, and the highest rate meeting its SLO at that scale.
+    None when the TPOT is missing, the sender ran late, no scale within `REAIM_LIMIT`
+    either way gives it, or no rate meets the SLO at that scale."""
+    if not on_time or not measured_tpot_s or measured_tpot_s <= 0:
+        return None
+    base = capacity_rps(scenario)  # every step k times as long: capacity / k
+
+    def at(k: float) -> Scenario:
+        return replace(scenario, cost=scenario.cost.scaled(k))
+
+    def tpot(k: float) -> float | None:
+        return predict(at(k), rate, 0, base / k).tpot_s.p50
+
+    low, high = 1 / REAIM_LIMIT, REAIM_LIMIT
+    slowest, fastest = tpot(high), tpot(low)
+    if slowest is None or fastest is None or not fastest <= measured_tpot_s <= slowest:
+        return None
+    for _ in range(_SCALE_STEPS):
+        mid = math.sqrt(low * high)
+        got = tpot(mid)
+        if got is None:
+            return None
+        if got < measured_tpot_s:
+            low = mid
+        else:
+            high = mid
+    scale = math.sqrt(low * high)
+    found = highest(at(scale))
+    if found is None:
+        return None
+    return Aim(found[0], scale, found[1].tpot_s.p50)
 
 
 def guided(

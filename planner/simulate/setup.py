@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.capacity import CapacityPlan, PlanRequest, plan_capacity
 from planner.errors import InvalidInput, validation_message
@@ -18,7 +18,7 @@ from planner.models import ModelArch
 from planner.simulate.calibrate import Calibration
 from planner.simulate.engine import EngineConfig
 from planner.simulate.roofline import roofline_cost
-from planner.simulate.whatif import Scenario, SloBounds
+from planner.simulate.whatif import MAX_REQUESTS, Scenario, SloBounds
 from planner.workload import FixedProfile, Profile, parse_profile
 
 
@@ -44,9 +44,17 @@ class Settings(BaseModel):
     # The traffic.
     prompt_tokens: int | None = Field(None, ge=1)
     output_tokens: int | None = Field(None, ge=1)
-    num_requests: int = Field(2000, ge=1, le=1_000_000)
+    num_requests: int = Field(2000, ge=1, le=MAX_REQUESTS)
+    # Seconds of arrivals instead of a count, as the latency probe's duration_s.
+    duration_s: float | None = Field(None, gt=0, le=24 * 3600)
     arrival: Literal["poisson", "gamma", "constant"] = "poisson"
     cv: float = Field(1.0, gt=0, le=20)
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Settings:
+        if self.duration_s is not None and "num_requests" in self.model_fields_set:
+            raise ValueError("give num_requests or duration_s, not both")
+        return self
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
@@ -144,6 +152,7 @@ def scenario(
             cv=settings.cv,
             slo=slo,
             source="roofline",
+            duration_s=settings.duration_s,
         ),
         plan,
     )
@@ -177,7 +186,7 @@ SCHEDULING = {
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "max_model_len": "max_model_len",
 }
-TRAFFIC = {"prompt_tokens", "output_tokens", "num_requests", "arrival", "cv"}
+TRAFFIC = {"prompt_tokens", "output_tokens", "num_requests", "duration_s", "arrival", "cv"}
 
 
 def calibrated_scenario(
@@ -216,6 +225,7 @@ def calibrated_scenario(
         cv=settings.cv,
         slo=slo,
         source=calibration.describe(now),
+        duration_s=settings.duration_s,
         api_s=calibration.request_s,
         residuals=(calibration.residual_low, calibration.residual_high),
         calibrated_prompt=calibration.max_prompt,

@@ -34,6 +34,7 @@ from planner.workload import Arrival, Profile, RequestShape, shape_class
 # queueing dominates and small errors in the step cost move the tail a lot: the prediction
 # is flagged as an extrapolation.
 UTILISATION_FLAG = 0.85
+MAX_REQUESTS = 1_000_000  # a run's; memory stays flat, but time grows with the count
 TIMELINE_POINTS = 400
 # Bucket edges grow by 1 %: a quantile read from the sketch is within 0.5 % of the value.
 _RATIO = 1.01
@@ -205,10 +206,28 @@ class Scenario:
     # A calibration's host speed, one factor per window of SPEED_WINDOW_S it measured: a
     # prediction draws each window's from these (seeded).
     speed: tuple[float, ...] = ()
+    # Seconds of arrivals instead of a count: a run at rate r then has r x duration_s
+    # requests, as a latency probe's window has (a short window that starts empty holds a
+    # rate that a long one queues at).
+    duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise InvalidInput(f"requests must be at least 1, got {self.requests}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise InvalidInput(f"duration_s must be above 0 seconds, got {self.duration_s}")
+
+    def count(self, rate: float) -> int:
+        """Requests in a run at `rate`: `requests`, or `duration_s` of arrivals."""
+        if self.duration_s is None:
+            return self.requests
+        n = max(1, round(rate * self.duration_s))
+        if n > MAX_REQUESTS:
+            raise InvalidInput(
+                f"{self.duration_s:g} s at {rate:g} requests/s is {n:,} requests; at most "
+                f"{MAX_REQUESTS:,} a run"
+            )
+        return n
 
     def arrivals(self, rate: float) -> Arrival:
         if rate <= 0:
@@ -375,12 +394,12 @@ def predict(
     capacity: float | None = None,
     requests: Sequence[SimRequest] | None = None,
 ) -> Prediction:
-    """One simulated run of `scenario.requests` requests at `rate` requests/s, or of the
+    """One simulated run of `scenario.count(rate)` requests at `rate` requests/s, or of the
     given `requests` (a replay; `rate` then only labels it). `capacity` (requests/s, from
     `capacity_rps`) can be passed in when several rates share it."""
     arrival = scenario.arrivals(rate)
     capacity = capacity if capacity is not None else capacity_rps(scenario)
-    n = scenario.requests
+    n = scenario.count(rate)
     expected_s = (requests[-1].arrival_s if requests else n / rate) or 1.0
     stats = EngineStats()
     itl = Sketch()
@@ -522,12 +541,16 @@ def meets(prediction: Prediction, slo: SloBounds) -> bool:
     return prediction.slo_share is not None and prediction.slo_share >= slo.share
 
 
+# How far past the capacity `highest` looks before it calls the SLO met at any rate.
+_HIGHEST_TOP = 100.0
+
+
 def highest(scenario: Scenario, tolerance: float = 0.02) -> tuple[float, Prediction] | None:
     """The highest rate (requests/s) whose prediction meets the scenario's SLO, to within
     `tolerance` (relative), and that prediction; None when even 1 % of the engine's capacity
     misses it. The same seed at every rate, so that the rates are compared on the same
-    traffic; the search lies between 1 % and 110 % of the capacity (past it the queue only
-    grows)."""
+    traffic. The search starts between 1 % and 110 % of the capacity; a finite run can
+    hold past that (its queue has no time to grow), so the top is raised until it breaks."""
     slo = scenario.slo
     if slo is None:
         raise InvalidInput("the highest rate needs an SLO (ttft_s, tpot_s and a share)")
@@ -539,8 +562,10 @@ def highest(scenario: Scenario, tolerance: float = 0.02) -> tuple[float, Predict
     good, bad = capacity * 0.01, capacity * 1.1
     if not meets(found := at(good), slo):
         return None
-    if meets(top := at(bad), slo):
-        return bad, top
+    while meets(top := at(bad), slo):
+        if bad > capacity * _HIGHEST_TOP:
+            return bad, top
+        good, found, bad = bad, top, bad * 2
     while bad / good > 1 + tolerance:
         mid = math.sqrt(good * bad)
         if meets(p := at(mid), slo):

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from planner.errors import InvalidInput, TargetError
 from planner.simulate import EngineConfig
 from planner.simulate.calibrate import (
+    CALIBRATION_KEY,
     LOAD_PARAMS,
     LOAD_TRIES,
     PREFILL_PARAMS,
@@ -34,6 +35,12 @@ from storage import queries as q
 
 # Runs one probe against the engine being calibrated: (kind, params) -> (run id, summary).
 RunProbe = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+def stored(store: Engine, target: str) -> Calibration | None:
+    """The calibration `kvscope simulate calibrate` stored for `target`, if any."""
+    found = q.get_state(store, CALIBRATION_KEY.format(target))
+    return None if found is None else Calibration.model_validate(found[0])
 
 
 def quiet(store: Engine, run: RunProbe, engine: EngineConfig) -> tuple[Calibration, Sweep]:

@@ -2,19 +2,27 @@
 
 An SLO is a TTFT bound, a TPOT bound and the share of requests that must be inside both.
 The search brackets (doubling the rate until the SLO breaks), then bisects between the last
-rate that held and the first that did not. Given the simulator's prediction
-(`predicted_rps`), it searches around it instead (`planner.simulate.search`: at most six
-rates), and re-aims after the first by the engine's TPOT there against the simulator's
-(`predicted_tpot_s`): a calibration gone stale is the usual reason a prediction is far off.
-A run whose sender was late is not trusted to pass: the rate it reports may not be
-the rate the engine saw.
+rate that held and the first that did not. Guided by the simulator, it searches around its
+prediction instead (`planner.simulate.search`: at most six rates) and re-aims after the
+first rate, a calibration gone stale being the usual reason a prediction is far off:
+`guided` takes the target's stored calibration, predicts the highest rate for this load
+and SLO in windows of this probe's length, and re-aims by re-simulating with the step cost
+that gives the TPOT measured at the first rate; `predicted_rps` (with `predicted_tpot_s`)
+is a prediction made elsewhere, re-aimed by the plain TPOT ratio. A run whose sender was
+late is not trusted to pass: the rate it reports may not be the rate the engine saw.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 from pydantic import Field, model_validator
 
-from planner.simulate import search
+from planner.errors import InvalidInput
+from planner.simulate import search, whatif
+from planner.simulate.calibrate import Calibration
+from planner.simulate.setup import Settings, calibrated_scenario
 from probes.kinds import latency
 from probes.kinds.chart import Axis, Chart, Color, Mark, TailPoint, Trace, tail_against_rate
 from probes.kinds.context import (
@@ -39,6 +47,11 @@ class Params(latency.Params):
     max_rate: float = Field(64.0, gt=0, description="highest rate tried")
     iterations: int = Field(3, ge=0, le=10, description="bisection steps after bracketing")
     duration_s: float = Field(20.0, gt=0, le=3600, description="seconds per rate")
+    guided: bool = Field(
+        False,
+        description="search around the simulator calibrated on this target (kvscope simulate "
+        "calibrate --target NAME first): at most 6 rates, re-aimed after the first",
+    )
     predicted_rps: float | None = Field(
         None,
         gt=0,
@@ -56,7 +69,7 @@ class Params(latency.Params):
     def attempts(self) -> int:
         """Rates tried at most: around a prediction, or doubling from start_rate past
         max_rate, then bisecting."""
-        if self.predicted_rps is not None:
+        if self.guided or self.predicted_rps is not None:
             return search.MAX_POINTS
         return 2 + self.iterations + max(0, int(self.max_rate / self.start_rate).bit_length())
 
@@ -75,7 +88,22 @@ class Params(latency.Params):
             raise ValueError("max_rate must not be below start_rate")
         if self.predicted_tpot_s is not None and self.predicted_rps is None:
             raise ValueError("predicted_tpot_s goes with predicted_rps (the rate it is at)")
+        if self.guided and self.predicted_rps is not None:
+            raise ValueError("give guided (the stored calibration predicts) or predicted_rps")
         return self
+
+    def scenario(self, calibration: Calibration | None) -> whatif.Scenario:
+        """The simulator's scenario for this search: the target's calibration, this load in
+        windows of `duration_s`, this SLO."""
+        if calibration is None:
+            raise InvalidInput(
+                "guided needs the simulator calibrated on this target: run kvscope simulate "
+                "calibrate --target NAME first, or give predicted_rps"
+            )
+        traffic = Settings(arrival=self.arrival, cv=self.cv, duration_s=self.duration_s)
+        slo = whatif.SloBounds(ttft_s=self.ttft_slo_s, tpot_s=self.tpot_slo_s, share=self.share)
+        what = calibrated_scenario(calibration, traffic, slo=slo)
+        return replace(what, profile=self.workload())
 
 
 class Step(Figures):
@@ -95,6 +123,9 @@ class Step(Figures):
     # Where this step's TPOT pointed the search (the first step of a guided search; it jumps
     # there when that lies beyond the next step on the side the verdict points to).
     aim_rps: float | None = None
+    # The step-cost scale the guided re-aim found: the engine's steps this many times as long
+    # as calibrated, at this step's rate.
+    aim_scale: float | None = None
 
 
 class Slo(Figures):
@@ -120,6 +151,8 @@ class Result(ProbeResult):
     slo: Slo
     steps: list[Step]
     message: str
+    # Where a guided search started: the calibrated simulator's highest rate meeting the SLO.
+    predicted_rps: float | None = None
 
 
 async def run(ctx: ProbeContext, params: Params) -> Result:
@@ -127,6 +160,21 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     steps: list[Step] = []
     untrusted: list[str] = []
     expected = params.attempts()
+    slo = (
+        f"TTFT <= {params.ttft_slo_s:g} s and TPOT <= {params.tpot_slo_s:g} s for "
+        f"{params.share:.0%} of requests"
+    )
+    predicted, predicted_tpot = params.predicted_rps, params.predicted_tpot_s
+    scenario = params.scenario(ctx.calibration) if params.guided else None
+    if scenario is not None:
+        ctx.report(0.0, Progress(phase="the simulator predicts", share=params.share))
+        found = await asyncio.to_thread(whatif.highest, scenario)
+        if found is None:
+            raise InvalidInput(
+                f"the simulator calibrated on this target says the SLO ({slo}) breaks at any "
+                "rate for this load: loosen it, or search without guided"
+            )
+        predicted, predicted_tpot = round(found[0], 3), found[1].tpot_s.p50
 
     async def attempt(rate: float) -> bool:
         ctx.check_cancel()
@@ -138,8 +186,16 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             untrusted.append(f"{rate:g} req/s ({m.reason})")
         passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
         # The first rate is the predicted one: how much faster the engine ran than predicted.
-        tpot = params.predicted_tpot_s
-        aim = search.reaim(rate, tpot, m.tpot_s.p50, m.trustworthy) if i == 0 else None
+        aim: float | None = None
+        scale: float | None = None
+        if i == 0 and scenario is not None:
+            got = await asyncio.to_thread(
+                search.resimulated, scenario, rate, m.tpot_s.p50, m.trustworthy
+            )
+            if got is not None:
+                aim, scale = got.rate, round(got.scale, 3)
+        elif i == 0:
+            aim = search.reaim(rate, predicted_tpot, m.tpot_s.p50, m.trustworthy)
         steps.append(
             Step(
                 rate=rate,
@@ -153,6 +209,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 requests_per_s=m.requests_per_s,
                 by_class=m.by_class,
                 aim_rps=None if aim is None else round(aim, 3),
+                aim_scale=scale,
             )
         )
         phase = f"rate {rate:g}: {'held' if passed else 'broke'}"
@@ -163,8 +220,8 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
 
     good: float | None = None
     bad: float | None = None
-    if params.predicted_rps is not None:
-        guide = search.guided(params.predicted_rps)
+    if predicted is not None:
+        guide = search.guided(predicted)
         try:
             rate = next(guide)
             while True:
@@ -189,10 +246,6 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 else:
                     bad = mid
     ctx.report(1.0, Progress(phase="done", steps=steps, share=params.share))
-    slo = (
-        f"TTFT <= {params.ttft_slo_s:g} s and TPOT <= {params.tpot_slo_s:g} s for "
-        f"{params.share:.0%} of requests"
-    )
     lowest = min(s.rate for s in steps)
     if good is None:
         message = f"the SLO ({slo}) already breaks at {lowest:g} req/s"
@@ -203,11 +256,18 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     aimed = next((s for s in steps if s.aim_rps is not None), None)
     if aimed is not None:
         jumped = len(steps) > 1 and steps[1].rate == aimed.aim_rps
-        message += f" (the engine's TPOT at {aimed.rate:g} req/s " + (
+        slower = (
+            f" said its steps run {aimed.aim_scale:g} times as long as calibrated and"
+            if aimed.aim_scale is not None
+            else ""
+        )
+        message += f" (the engine's TPOT at {aimed.rate:g} req/s{slower} " + (
             f"re-aimed the search at {aimed.aim_rps:g})"
             if jumped
             else f"pointed at {aimed.aim_rps:g}, within a step or against the verdict)"
         )
+    if scenario is not None:
+        message += f"; the calibrated simulator predicted {predicted:g} req/s"
     if untrusted:
         message += (
             "; not trusted, the load generator was late at "
@@ -220,6 +280,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         slo=Slo(ttft_s=params.ttft_slo_s, tpot_s=params.tpot_slo_s, share=params.share),
         steps=steps,
         message=message,
+        predicted_rps=predicted if scenario is not None else params.predicted_rps,
     )
 
 
@@ -277,7 +338,7 @@ def class_chart(r: Result) -> Chart:
 def table(r: Result) -> list[Row]:
     """The rates tried."""
     keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
-    more = ("ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "requests_per_s", "aim_rps")
+    more = ("ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "requests_per_s", "aim_rps", "aim_scale")
     return dump_rows(r.steps, (*keys, *more))
 
 
@@ -286,7 +347,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
     title="Capacity (SLO)",
     command="capacity",
     summary="The highest request rate at which the SLO holds (bracketing, then bisection; "
-    "around the simulator's prediction when given one).",
+    "around the simulator's prediction when guided or given one).",
     params=Params,
     result=Result,
     progress=Progress,
@@ -296,6 +357,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         FormField("tpot_slo_s", "TPOT bound (s)", 0.1),
         FormField("share", "share inside both"),
         FormField("duration_s", "seconds per rate"),
+        FormField("guided", "guided by the simulator"),
     ),
     cli=(
         CliOption("ttft_slo_s", flag="ttft_slo"),
@@ -303,6 +365,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         CliOption("share"),
         CliOption("start_rate"),
         CliOption("max_rate"),
+        CliOption("guided"),
         CliOption("predicted_rps"),
         CliOption("predicted_tpot_s", flag="predicted_tpot"),
         CliOption("duration_s", flag="duration"),

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner import slo
 from planner.errors import Cancelled, InvalidInput, KvscopeError
+from planner.simulate.calibrate import Calibration
 from planner.stats import histogram_quantile
 from planner.workload import Arrival, Profile, RequestShape
 from probes.engine.spec import EngineSpec
@@ -132,6 +133,9 @@ class ProbeContext:
     # Restart the managed engine running `spec` and wait until it serves (the worker's;
     # None where the target is not an engine kvscope manages). The A/B probe uses it.
     restart: Callable[[EngineSpec], Awaitable[None]] | None = None
+    # The simulator's calibration stored for this target (`kvscope simulate calibrate`), if
+    # any: the capacity probe's guided search predicts and re-aims with it.
+    calibration: Calibration | None = None
 
     @property
     def base_url(self) -> str:

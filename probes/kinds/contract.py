@@ -36,7 +36,7 @@ Row = Mapping[str, float | int | str | bool | None]
 
 @dataclass(frozen=True)
 class FormField:
-    """A number the Probes page's form shows for a `Params` field.
+    """A number (or a switch, for a bool) the Probes page's form shows for a `Params` field.
 
     `default` stands in where `Params` has none (a required bound, or a length that is
     otherwise taken from a profile).
@@ -44,7 +44,7 @@ class FormField:
 
     name: str
     label: str
-    default: float | int | None = None
+    default: float | int | bool | None = None
 
 
 @dataclass(frozen=True)

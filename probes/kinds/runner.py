@@ -19,6 +19,7 @@ import httpx
 from sqlalchemy import Engine, insert
 
 from planner.errors import KvscopeError, TargetAuthError, TargetError
+from planner.simulate.calibrate import Calibration
 from probes.engine.spec import EngineSpec
 from probes.kinds.context import (
     ProbeContext,
@@ -53,6 +54,7 @@ async def execute(
     spec: EngineSpec | None = None,
     limits: ProbeLimits | None = None,
     restart: Callable[[EngineSpec], Awaitable[None]] | None = None,
+    calibration: Calibration | None = None,
 ) -> ProbeResult:
     """Run one probe to its end (or its cancel) and return its result."""
     kind.admit(params, managed)
@@ -72,6 +74,7 @@ async def execute(
             spec=spec,
             limits=limits,
             restart=restart,
+            calibration=calibration,
         )
         result: ProbeResult = await kind.run(ctx, params)
         return result.model_copy(update={"model": name, "target": target.base_url})

@@ -27,7 +27,7 @@ from probes.engine.manager import EngineManager
 from probes.engine.process import STOP_TIMEOUT_S
 from probes.engine.spec import EngineSpec, address, parse_spec
 from probes.engine.supervision import START_TIMEOUT_S
-from probes.kinds import KINDS, ProbeCancelled, StoredRun, get_kind, parse_params
+from probes.kinds import KINDS, ProbeCancelled, StoredRun, calibration, get_kind, parse_params
 from probes.kinds.context import stored
 from probes.worker.engines import EngineRegistry
 from probes.worker.scraping import TargetScraper
@@ -157,6 +157,7 @@ def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
         model=target.model_name,
         limits=limits,
         restart=restart if manager else None,
+        calibration=calibration.stored(work.store, target.name),
     )
     summary = stored(outcome.result)
     if outcome.cancelled:

@@ -55,6 +55,11 @@ def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
     assert doc["tpot_p50_at_max_rate"] is None
 
 
+def test_seconds_of_arrivals_instead_of_a_count() -> None:
+    doc = run_json("--rate", "4", "--set", "duration_s=25", "--set", "output_tokens=16")
+    assert doc["requests"] == 100  # 4 a second for 25 s, as the latency probe's duration_s
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -66,6 +71,7 @@ def test_a_sweep_gives_a_curve_whose_tail_rises() -> None:
         (("--rate", "1", "--slo-ttft", "0.5"), "--slo-tpot"),
         (("--rate", "1", "--profile", "{bad"), "not valid JSON"),
         (("--rate", "1", "--profile", "nope"), "nope"),
+        (("--rate", "1", "--set", "duration_s=9", "--set", "num_requests=5"), "or duration_s"),
     ],
 )
 def test_bad_input_is_refused_by_name(args: tuple[str, ...], message: str) -> None:

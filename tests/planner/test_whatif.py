@@ -134,6 +134,38 @@ def test_the_highest_rate_meeting_the_slo_agrees_with_a_grid() -> None:
         max_rate(replace(what, slo=None))
 
 
+def test_a_short_run_holds_past_the_capacity_and_the_highest_rate_finds_where() -> None:
+    """400 requests at 120 % of the burst capacity still meet the SLO (the queue has no
+    time to grow): the highest rate is searched past 110 % of it, up to where it breaks."""
+    slo = SloBounds(ttft_s=0.15, tpot_s=0.05, share=0.95)
+    what = Scenario(CONFIG, COST, FixedProfile(prompt_tokens=512, output_tokens=64), 400, slo=slo)
+    capacity = capacity_rps(what)
+    assert meets(predict(what, capacity * 1.2, 0, capacity), slo)
+    found = highest(what)
+    assert found is not None and found[0] > capacity * 1.2 and meets(found[1], slo)
+    assert not meets(predict(what, found[0] * 1.05, 0, capacity), slo)
+
+
+def test_seconds_of_arrivals_make_a_run_as_long_as_a_probes_window() -> None:
+    """`duration_s` instead of a count: rate x duration requests, as a latency probe's
+    window; a 20 s window starting empty holds a rate that 2000 requests queue at."""
+    slo = SloBounds(ttft_s=0.15, tpot_s=0.05, share=0.95)
+    long = Scenario(CONFIG, COST, FixedProfile(prompt_tokens=512, output_tokens=64), 2000, slo=slo)
+    short = replace(long, duration_s=20.0)
+    assert short.count(10.0) == 200 and long.count(10.0) == 2000
+    assert predict(short, 10.0).requests == 200
+    found_short, found_long = highest(short), highest(long)
+    assert found_short is not None and found_long is not None
+    assert found_short[0] > found_long[0] * 1.05
+    with pytest.raises(InvalidInput, match="at most 1,000,000"):
+        short.count(60_000.0)
+    with pytest.raises(InvalidInput, match="duration_s must be above 0"):
+        replace(long, duration_s=0.0)
+    assert parse_settings(["duration_s=30"]).duration_s == 30.0
+    with pytest.raises(InvalidInput, match="num_requests or duration_s"):
+        parse_settings(["duration_s=30", "num_requests=100"])
+
+
 def test_seeds_give_an_interval_on_p99_and_rates_a_curve() -> None:
     what = Scenario(CONFIG, COST, get_profile("chat"), 300)
     one, two = sweep(what, [2.0, 20.0], seeds=5)

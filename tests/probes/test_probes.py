@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from planner.errors import InvalidInput
+from planner.simulate import whatif
+from planner.simulate.calibrate import fit
 from probes.kinds import capacity, get_kind, latency, parse_params
 from probes.kinds.batch_sweep import Step, find_knee, past_knee
 from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
@@ -19,6 +22,8 @@ from probes.kinds.oom import classify, kv_bound_wait, ran_together
 from probes.kinds.runner import execute
 from probes.load.generator import Percentiles, RequestResult
 from probes.vllm.client import Target
+from tests.planner.test_calibrate import CONFIG as CALIBRATED
+from tests.planner.test_calibrate import samples
 from tests.support.fake_openai import FakeConfig, serve
 
 
@@ -215,21 +220,37 @@ def fake_rates(
 ) -> list[float]:
     """Latency runs that hold at and below `capacity_rps` and break above it, each with
     `tpot_s` as its TPOT p50 (the first sent late with `late_first`); the rates tried."""
+    return fake_measure(
+        monkeypatch,
+        lambda rate, attempt: (
+            0.95 if rate <= capacity_rps else 0.4,
+            tpot_s,
+            not (late_first and attempt == 0),
+        ),
+    )
+
+
+def fake_measure(
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Callable[[float, int], tuple[float | None, float | None, bool]],
+) -> list[float]:
+    """Latency runs answered by `answer(rate, attempt)`: (share inside the SLO, TPOT p50,
+    sender on time); the rates tried."""
     tried: list[float] = []
 
-    async def fake_measure(
+    async def measure(
         ctx: ProbeContext, params: Any, rate: float, step: str,
         share: tuple[float, float] = (0, 1), attempt: int = 0,
     ) -> Any:  # fmt: skip
         tried.append(rate)
+        inside, tpot_s, on_time = answer(rate, attempt)
         return SimpleNamespace(
-            slo_share=0.95 if rate <= capacity_rps else 0.4,
-            trustworthy=not (late_first and attempt == 0), reason=None, requests=10, errors=0,
+            slo_share=inside, trustworthy=on_time, reason=None, requests=10, errors=0,
             ttft_s=Percentiles(), tpot_s=Percentiles(p50=tpot_s), requests_per_s=rate,
             by_class=[],
         )  # fmt: skip
 
-    monkeypatch.setattr(latency, "measure", fake_measure)
+    monkeypatch.setattr(latency, "measure", measure)
     return tried
 
 
@@ -270,6 +291,47 @@ def test_capacity_re_aims_by_the_tpot_at_the_prediction(
         assert out.steps[0].aim_rps == 9.524 and "pointed at 9.524" in out.message
     with pytest.raises(InvalidInput, match="goes with predicted_rps"):
         parse_params("capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_tpot_s": 0.004})
+
+
+def test_a_guided_search_predicts_and_re_aims_from_the_targets_calibration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine is the calibrated simulator with every step 1.6 times as long (a machine
+    gone slower since its calibration). Guided, the probe predicts from the stored
+    calibration, measures there, finds the 1.6 from the TPOT it measured, jumps to where the
+    slower engine's SLO holds, and lands within 5 % of it in at most six rates."""
+    decodes, prefills = samples()
+    fitted = fit(decodes, prefills, CALIBRATED)
+    raw = {
+        "ttft_slo_s": 1.0, "tpot_slo_s": 0.25, "share": 0.9, "guided": True,
+        "prompt_tokens": 256, "output_tokens": 64, "arrival": "constant", "duration_s": 20,
+    }  # fmt: skip
+    params = parse_params("capacity", raw)
+    assert isinstance(params, capacity.Params) and params.attempts() == 6
+    ctx = ProbeContext(None, "m", calibration=fitted)  # type: ignore[arg-type]
+    calibrated = params.scenario(fitted)
+    engine = dataclasses.replace(calibrated, cost=calibrated.cost.scaled(1.6))
+    truth = whatif.highest(engine)
+    assert truth is not None
+
+    def answer(rate: float, attempt: int) -> tuple[float | None, float | None, bool]:
+        seen = whatif.predict(engine, rate)
+        return seen.slo_share, seen.tpot_s.p50, True
+
+    tried = fake_measure(monkeypatch, answer)
+    out = asyncio.run(capacity.run(ctx, params))
+    predicted = whatif.highest(calibrated)
+    assert predicted is not None and out.predicted_rps == round(predicted[0], 3)
+    assert tried[0] == out.predicted_rps and len(tried) <= 6
+    first = out.steps[0]
+    assert first.aim_scale == pytest.approx(1.6, rel=0.03) and tried[1] == first.aim_rps
+    assert out.capacity_rps is not None and abs(out.capacity_rps / truth[0] - 1) <= 0.05
+    assert "steps run 1.6 times as long" in out.message
+    assert "the calibrated simulator predicted" in out.message
+    with pytest.raises(InvalidInput, match="kvscope simulate calibrate --target NAME"):
+        asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="guided"):
+        parse_params("capacity", raw | {"predicted_rps": 5})
 
 
 def test_sweep_runs_every_step() -> None:

@@ -2,16 +2,14 @@
 (benchmarks/capacity_search.py; tests/planner/test_search.py replays a grid it measured).
 
 The user's path throughout: `kvscope simulate calibrate --target NAME` fits the simulator to
-the engine, `kvscope simulate --target NAME ... --json` predicts the highest rate meeting
-the SLO (`max_rate`) and the TPOT there (`tpot_p50_at_max_rate`), and the capacity probe
-searches around that prediction (`predicted_rps`), re-aimed by the TPOT it measures first
-(`predicted_tpot_s`). The grid measures every rate of a geometric ladder with the same probe
-pinned to one rate (the same verdict: the SLO's share held, the sender on time).
+the engine, and the capacity probe, `guided`, predicts the highest rate meeting the SLO
+from that calibration, measures there and re-aims by re-simulating with the step cost that
+gives the TPOT it measured. The grid measures every rate of a geometric ladder with the
+same probe pinned to one rate (the same verdict: the SLO's share held, the sender on time).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
@@ -19,9 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.simulate import search
+from sqlalchemy import Engine
+
+from planner.simulate import search, whatif
 from planner.simulate.search import Bracket, Verdict
-from probes.kinds.capacity import Result, Step
+from planner.simulate.whatif import Scenario
+from probes.kinds import calibration
+from probes.kinds.capacity import Params, Result, Step
 from tests.support.cli import kvscope
 
 # Whole 256-token prompts and 128-token answers, evenly spaced: the diag engine's four slots
@@ -44,28 +46,24 @@ def calibrate(data_dir: Path, target: str, timeout: float = 900) -> None:
 
 @dataclass(frozen=True)
 class Prediction:
-    """The calibrated simulator's highest rate meeting SLO for LOAD, and its TPOT p50 there."""
+    """The calibrated simulator's highest rate meeting SLO for LOAD and its TPOT p50 there;
+    with the `scenario` it came from, a first measurement re-aims by re-simulating it (as
+    the guided probe does), else by the plain TPOT ratio."""
 
     rps: float
     tpot_s: float | None = None  # None: no re-aim
+    scenario: Scenario | None = None
 
 
-def predicted(data_dir: Path, target: str) -> Prediction:
-    """`kvscope simulate --target ... --json`'s `max_rate` and `tpot_p50_at_max_rate`."""
-    profile = {k: LOAD[k] for k in ("prompt_tokens", "output_tokens")} | {"kind": "fixed"}
-    done = kvscope(
-        "simulate", "--target", target, "--rate", "1", "--profile", json.dumps(profile),
-        "--set", f"arrival={LOAD['arrival']}", "--set", "num_requests=1000",
-        "--slo-ttft", str(SLO["ttft_slo_s"]), "--slo-tpot", str(SLO["tpot_slo_s"]),
-        "--slo-share", str(SLO["share"]), "--json", env_dir=data_dir, timeout=300,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise AssertionError(f"the prediction failed: {done.stderr.strip()[-2000:]}")
-    doc = json.loads(done.stdout)
-    if doc["max_rate"] is None:
-        at_one = {k: doc[k] for k in ("ttft_s", "tpot_s", "slo_share", "source")}
-        raise AssertionError(f"the simulator says the SLO breaks at any rate; at 1/s: {at_one}")
-    return Prediction(float(doc["max_rate"]), float(doc["tpot_p50_at_max_rate"]))
+def predicted(store: Engine, target: str, duration_s: float) -> Prediction:
+    """What the guided capacity probe predicts for LOAD and SLO in windows of `duration_s`,
+    from the calibration stored for `target`."""
+    params = Params.model_validate({**LOAD, **SLO, "duration_s": duration_s, "guided": True})
+    scenario = params.scenario(calibration.stored(store, target))
+    found = whatif.highest(scenario)
+    if found is None:
+        raise AssertionError(f"the simulator says the SLO breaks at any rate ({scenario.source})")
+    return Prediction(round(found[0], 3), found[1].tpot_s.p50, scenario)
 
 
 def _capacity(request: Request, target: str, duration_s: float, **params: Any) -> Result:
@@ -78,12 +76,9 @@ def _capacity(request: Request, target: str, duration_s: float, **params: Any) -
     return Result.model_validate(run.summary)
 
 
-def guided(request: Request, target: str, predicted: Prediction, duration_s: float) -> Result:
-    """The capacity probe searching around `predicted`."""
-    return _capacity(
-        request, target, duration_s, predicted_rps=round(predicted.rps, 3),
-        predicted_tpot_s=predicted.tpot_s,
-    )  # fmt: skip
+def guided(request: Request, target: str, duration_s: float) -> Result:
+    """The capacity probe searching around the calibrated simulator's prediction."""
+    return _capacity(request, target, duration_s, guided=True)
 
 
 @dataclass(frozen=True)
@@ -105,10 +100,14 @@ class Point:
     def verdict(self, first: bool, predicted: Prediction) -> Verdict:
         """As the capacity probe reads it: the first point, measured on time at the
         predicted rate, re-aims the search by its TPOT."""
-        aim = (
-            search.reaim(self.rate, predicted.tpot_s, self.tpot_s, self.on_time) if first else None
+        if not first:
+            return Verdict(self.held)
+        if predicted.scenario is not None:
+            got = search.resimulated(predicted.scenario, self.rate, self.tpot_s, self.on_time)
+            return Verdict(self.held, None if got is None else round(got.rate, 3))
+        return Verdict(
+            self.held, search.reaim(self.rate, predicted.tpot_s, self.tpot_s, self.on_time)
         )
-        return Verdict(self.held, aim)
 
 
 def pinned(request: Request, target: str, rate: float, duration_s: float) -> Point:
