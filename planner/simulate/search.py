@@ -17,8 +17,8 @@ With the calibrated scenario at hand (the capacity probe's `guided`), the re-aim
 re-simulated instead (`resimulated`): the step cost is scaled until the simulator gives the
 TPOT measured at the first rate, and the aim is that scenario's highest rate meeting the SLO.
 The plain ratio misses by what the batch adds: a slower engine also holds more requests in
-flight at the same rate, so its TPOT overstates its slowness (17-28 % low for an engine
-1.1-2 times as costly, `tests/planner/test_search.py`).
+flight at the same rate, so its TPOT overstates its slowness (7-15 % low for an engine
+1.3-2 times as costly, as much high for one 0.5-0.7 times; `tests/planner/test_search.py`).
 
 The search is a generator: it yields the next rate to measure and is sent the verdict there
 (whether the SLO held, or a `Verdict` with an aim), so a probe can drive it from async code

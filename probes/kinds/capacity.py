@@ -44,7 +44,7 @@ class Params(latency.Params):
     tpot_slo_s: float = Field(gt=0, description="TPOT bound, seconds")
     share: float = Field(0.9, gt=0, le=1, description="share of requests inside both bounds")
     start_rate: float = Field(1.0, gt=0, description="first rate tried, requests per second")
-    max_rate: float = Field(64.0, gt=0, description="highest rate tried")
+    max_rate: float = Field(64.0, gt=0, description="highest rate tried (guided too)")
     iterations: int = Field(3, ge=0, le=10, description="bisection steps after bracketing")
     duration_s: float = Field(20.0, gt=0, le=3600, description="seconds per rate")
     guided: bool = Field(
@@ -221,11 +221,17 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     good: float | None = None
     bad: float | None = None
     if predicted is not None:
-        guide = search.guided(predicted)
+        # Never past max_rate (what the run's limits were checked against): a search that
+        # asks for more once it held there has its answer.
+        guide = search.guided(min(predicted, params.max_rate))
         try:
             rate = next(guide)
             while True:
-                held = await attempt(round(rate, 3))
+                rate = min(round(rate, 3), params.max_rate)
+                if rate == params.max_rate and any(s.rate == rate for s in steps):
+                    good = max((s.rate for s in steps if s.passed), default=None)
+                    break
+                held = await attempt(rate)
                 rate = guide.send(search.Verdict(held, steps[-1].aim_rps))
         except StopIteration as done:
             good, bad = done.value.held, done.value.broke

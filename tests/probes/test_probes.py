@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from planner.errors import InvalidInput
 from planner.simulate import whatif
-from planner.simulate.calibrate import fit
+from planner.simulate.calibrate import CALIBRATION_KEY, fit
 from probes.kinds import capacity, get_kind, latency, parse_params
 from probes.kinds.batch_sweep import Step, find_knee, past_knee
 from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
@@ -22,6 +23,8 @@ from probes.kinds.oom import classify, kv_bound_wait, ran_together
 from probes.kinds.runner import execute
 from probes.load.generator import Percentiles, RequestResult
 from probes.vllm.client import Target
+from storage import queries as q
+from storage.settings import Settings
 from tests.planner.test_calibrate import CONFIG as CALIBRATED
 from tests.planner.test_calibrate import samples
 from tests.support.fake_openai import FakeConfig, serve
@@ -328,10 +331,55 @@ def test_a_guided_search_predicts_and_re_aims_from_the_targets_calibration(
     assert out.capacity_rps is not None and abs(out.capacity_rps / truth[0] - 1) <= 0.05
     assert "steps run 1.6 times as long" in out.message
     assert "the calibrated simulator predicted" in out.message
+    # Never past max_rate: from there, held, the search has its answer.
+    tried.clear()
+    capped = parse_params("capacity", raw | {"max_rate": 12})
+    assert isinstance(capped, capacity.Params)
+    out = asyncio.run(capacity.run(ctx, capped))
+    assert tried == [12] and out.capacity_rps == 12 and out.first_failing_rps is None
+    assert "held up to the highest rate tried, 12 req/s" in out.message
     with pytest.raises(InvalidInput, match="kvscope simulate calibrate --target NAME"):
         asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="guided"):
         parse_params("capacity", raw | {"predicted_rps": 5})
+
+
+def test_the_worker_guides_a_capacity_run_by_the_targets_stored_calibration(
+    settings: Settings,
+) -> None:
+    """Through the worker: a guided run starts at the prediction from the calibration stored
+    for its target (at most max_rate) and says so; on a target with none it fails, naming
+    the command that makes one."""
+    from probes.worker import Worker
+
+    decodes, prefills = samples()
+    fitted = fit(decodes, prefills, CALIBRATED)
+    raw = {
+        "ttft_slo_s": 1.0, "tpot_slo_s": 0.25, "share": 0.9, "guided": True, "max_rate": 30,
+        "prompt_tokens": 16, "output_tokens": 4, "arrival": "constant", "duration_s": 0.5,
+    }  # fmt: skip
+    with serve(FakeConfig()) as fake:
+        w = Worker(settings)
+        calibrated = q.add_target(w.store, q.parse_target({"name": "c", "base_url": fake.url}))
+        bare = q.add_target(w.store, q.parse_target({"name": "b", "base_url": fake.url}))
+        q.put_state(w.store, CALIBRATION_KEY.format("c"), fitted.model_dump(mode="json"))
+        runs = [q.request_run(w.store, "capacity", raw, t.id) for t in (calibrated, bare)]
+        end = time.monotonic() + 120
+        while time.monotonic() < end and any(
+            q.get_run(w.store, r.id).status in ("queued", "running") for r in runs
+        ):
+            w.work.pick_up()
+            time.sleep(0.2)
+        guided, refused = (q.get_run(w.store, r.id) for r in runs)
+    assert guided.status == "done", guided.error
+    found = whatif.highest(capacity.Params.model_validate(raw).scenario(fitted))
+    assert found is not None and guided.summary["predicted_rps"] == round(found[0], 3)
+    first = min(found[0], 30)  # the prediction, within max_rate
+    assert guided.summary["steps"][0]["rate"] == pytest.approx(first, abs=1e-3)
+    assert all(step["rate"] <= 30 for step in guided.summary["steps"])
+    assert "the calibrated simulator predicted" in guided.summary["message"]
+    assert refused.status == "failed"
+    assert "kvscope simulate calibrate --target NAME" in (refused.error or "")
 
 
 def test_sweep_runs_every_step() -> None:
