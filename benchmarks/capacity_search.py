@@ -25,7 +25,7 @@ import argparse
 import time
 from pathlib import Path
 
-from planner.simulate.search import Bracket
+from planner.simulate.search import Bracket, resimulated
 from tests.support import capacity, injection
 from tests.support.capacity import Point
 
@@ -71,6 +71,11 @@ def main() -> None:
             print(f"round {r + 1}: search {tried} -> {_rate(got)}", flush=True)
             if aim is not None:
                 print(f"  its first TPOT re-aimed it at {aim:.2f} req/s (the grid's centre)")
+            first = steps[0]
+            if predicted.scenario is not None:
+                scaled = resimulated(predicted.scenario, first.rate, first.tpot_s, first.on_time)
+                if scaled is not None:
+                    print(f"  the engine's steps {scaled.scale:.2f} times as long as calibrated")
             print(capacity.table(points), flush=True)
             best = capacity.grid_answer(points)
             strict = capacity.below_first_break(points)
