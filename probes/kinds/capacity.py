@@ -371,7 +371,7 @@ KIND: ProbeKind[Params, Result, Progress] = ProbeKind(
         CliOption("share"),
         CliOption("start_rate"),
         CliOption("max_rate"),
-        CliOption("guided"),
+        CliOption("guided", sets=True),
         CliOption("predicted_rps"),
         CliOption("predicted_tpot_s", flag="predicted_tpot"),
         CliOption("duration_s", flag="duration"),
