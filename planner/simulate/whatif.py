@@ -562,8 +562,11 @@ def highest(scenario: Scenario, tolerance: float = 0.02) -> tuple[float, Predict
     good, bad = capacity * 0.01, capacity * 1.1
     if not meets(found := at(good), slo):
         return None
+    limit = capacity * _HIGHEST_TOP
+    if scenario.duration_s is not None:  # (runs of duration_s: at most MAX_REQUESTS each)
+        limit = min(limit, MAX_REQUESTS / scenario.duration_s)
     while meets(top := at(bad), slo):
-        if bad > capacity * _HIGHEST_TOP:
+        if bad * 2 > limit:
             return bad, top
         good, found, bad = bad, top, bad * 2
     while bad / good > 1 + tolerance:

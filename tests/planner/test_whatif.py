@@ -11,7 +11,7 @@ import pytest
 from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_preset
-from planner.simulate import EngineConfig, StepCost
+from planner.simulate import EngineConfig, StepCost, whatif
 from planner.simulate.setup import parse_settings, scenario
 from planner.simulate.whatif import (
     Scenario,
@@ -146,7 +146,9 @@ def test_a_short_run_holds_past_the_capacity_and_the_highest_rate_finds_where() 
     assert not meets(predict(what, found[0] * 1.05, 0, capacity), slo)
 
 
-def test_seconds_of_arrivals_make_a_run_as_long_as_a_probes_window() -> None:
+def test_seconds_of_arrivals_make_a_run_as_long_as_a_probes_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`duration_s` instead of a count: rate x duration requests, as a latency probe's
     window; a 20 s window starting empty holds a rate that 2000 requests queue at."""
     slo = SloBounds(ttft_s=0.15, tpot_s=0.05, share=0.95)
@@ -159,6 +161,13 @@ def test_seconds_of_arrivals_make_a_run_as_long_as_a_probes_window() -> None:
     assert found_short[0] > found_long[0] * 1.05
     with pytest.raises(InvalidInput, match="at most 1,000,000"):
         short.count(60_000.0)
+    # An SLO met at any rate: the top is raised only while a run stays within that count
+    # (made small here, to simulate few requests).
+    monkeypatch.setattr(whatif, "MAX_REQUESTS", 4000)
+    loose = replace(short, slo=SloBounds(ttft_s=1e9, tpot_s=1e9, share=0.5))
+    top = highest(loose)
+    assert top is not None and meets(top[1], loose.slo)
+    assert top[0] * 20 <= 4000 < top[0] * 2 * 20
     with pytest.raises(InvalidInput, match="duration_s must be above 0"):
         replace(long, duration_s=0.0)
     assert parse_settings(["duration_s=30"]).duration_s == 30.0
