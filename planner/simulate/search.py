@@ -82,11 +82,10 @@ def reaim(
 @dataclass(frozen=True)
 class Aim:
     """Where a measured TPOT points: the highest rate meeting the SLO on the scenario whose
-    step cost is `scale` times the calibrated one, and that rate's TPOT p50."""
+    step cost is `scale` times the calibrated one (None: the plain ratio's aim)."""
 
     rate: float
-    scale: float
-    tpot_s: float | None
+    scale: float | None = None
 
 
 # Bisection steps on the step cost's scale (log, over REAIM_LIMIT either way): 0.3 % wide.
@@ -127,7 +126,22 @@ def resimulated(
     found = highest(at(scale))
     if found is None:
         return None
-    return Aim(found[0], scale, found[1].tpot_s.p50)
+    return Aim(found[0], scale)
+
+
+def first_aim(
+    rate: float,
+    measured_tpot_s: float | None,
+    on_time: bool,
+    scenario: Scenario | None = None,
+    predicted_tpot_s: float | None = None,
+) -> Aim | None:
+    """The first measurement's aim: re-simulated with the calibrated `scenario`, else the
+    plain ratio against `predicted_tpot_s`."""
+    if scenario is not None:
+        return resimulated(scenario, rate, measured_tpot_s, on_time)
+    plain = reaim(rate, predicted_tpot_s, measured_tpot_s, on_time)
+    return None if plain is None else Aim(plain)
 
 
 def guided(

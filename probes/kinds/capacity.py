@@ -186,16 +186,15 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             untrusted.append(f"{rate:g} req/s ({m.reason})")
         passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
         # The first rate is the predicted one: how much faster the engine ran than predicted.
-        aim: float | None = None
-        scale: float | None = None
-        if i == 0 and scenario is not None:
-            got = await asyncio.to_thread(
-                search.resimulated, scenario, rate, m.tpot_s.p50, m.trustworthy
+        got = (
+            await asyncio.to_thread(
+                search.first_aim, rate, m.tpot_s.p50, m.trustworthy, scenario, predicted_tpot
             )
-            if got is not None:
-                aim, scale = got.rate, round(got.scale, 3)
-        elif i == 0:
-            aim = search.reaim(rate, predicted_tpot, m.tpot_s.p50, m.trustworthy)
+            if i == 0
+            else None
+        )
+        aim = None if got is None else got.rate
+        scale = None if got is None or got.scale is None else round(got.scale, 3)
         steps.append(
             Step(
                 rate=rate,

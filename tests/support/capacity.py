@@ -100,14 +100,14 @@ class Point:
     def verdict(self, first: bool, predicted: Prediction) -> Verdict:
         """As the capacity probe reads it: the first point, measured on time at the
         predicted rate, re-aims the search by its TPOT."""
-        if not first:
-            return Verdict(self.held)
-        if predicted.scenario is not None:
-            got = search.resimulated(predicted.scenario, self.rate, self.tpot_s, self.on_time)
-            return Verdict(self.held, None if got is None else round(got.rate, 3))
-        return Verdict(
-            self.held, search.reaim(self.rate, predicted.tpot_s, self.tpot_s, self.on_time)
+        got = (
+            search.first_aim(
+                self.rate, self.tpot_s, self.on_time, predicted.scenario, predicted.tpot_s
+            )
+            if first
+            else None
         )
+        return Verdict(self.held, None if got is None else round(got.rate, 3))
 
 
 def pinned(request: Request, target: str, rate: float, duration_s: float) -> Point:
