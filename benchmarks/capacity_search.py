@@ -64,7 +64,9 @@ def main() -> None:
                 rates = capacity.ladder(centre * args.low, centre * args.high)
                 points = capacity.grid(request, injection.NAME, rates, args.duration)
             tried = ", ".join(
-                f"{p.rate:g} {'held' if p.held else 'broke'} (TPOT {_ms(p.tpot_s)})" for p in steps
+                f"{p.rate:g} {'held' if p.held else 'broke'} (TPOT {_ms(p.tpot_s)}, the "
+                f"engine's {_ms(p.engine_tpot_s)})"
+                for p in steps
             )
             got = max((p.rate for p in steps if p.held), default=None)
             aim = steps[0].verdict(True, predicted).aim
@@ -73,9 +75,13 @@ def main() -> None:
                 print(f"  its first TPOT re-aimed it at {aim:.2f} req/s (the grid's centre)")
             first = steps[0]
             if predicted.scenario is not None:
-                scaled = resimulated(predicted.scenario, first.rate, first.tpot_s, first.on_time)
-                if scaled is not None:
-                    print(f"  the engine's steps {scaled.scale:.2f} times as long as calibrated")
+                scaled = resimulated(predicted.scenario, first.rate, first.tpot)
+                if scaled is not None and first.tpot is not None:
+                    whose = "the engine's own mean" if first.tpot.engine else "the client's p50"
+                    print(
+                        f"  the engine's steps {scaled.scale:.2f} times as long as calibrated "
+                        f"(its TPOT: {whose}, {_ms(first.tpot.seconds)})"
+                    )
             print(capacity.table(points), flush=True)
             best = capacity.grid_answer(points)
             strict = capacity.below_first_break(points)

@@ -19,6 +19,10 @@ TPOT measured at the first rate, and the aim is that scenario's highest rate mee
 The plain ratio misses by what the batch adds: a slower engine also holds more requests in
 flight at the same rate, so its TPOT overstates its slowness (7-15 % low for an engine
 1.3-2 times as costly, as much high for one 0.5-0.7 times; `tests/planner/test_search.py`).
+The TPOT read (`Tpot.of`) is the client's p50 when its sender kept time and the answers
+streamed; otherwise the engine's own mean over the run, which a starved client does not
+touch (on the CPU engine the first, predicted rate broke with its sender late in three of
+four live searches, and the client's timings there said nothing).
 
 The search is a generator: it yields the next rate to measure and is sent the verdict there
 (whether the SLO held, or a `Verdict` with an aim), so a probe can drive it from async code
@@ -32,7 +36,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
 from planner.errors import InvalidInput
-from planner.simulate.whatif import Scenario, capacity_rps, highest, predict
+from planner.simulate.calibrate import BURST_SHARE
+from planner.simulate.whatif import Figures, Scenario, capacity_rps, highest, predict
 
 STEP = 1.1
 MAX_POINTS = 6
@@ -80,6 +85,34 @@ def reaim(
 
 
 @dataclass(frozen=True)
+class Tpot:
+    """A TPOT measured at a rate, for a re-aim: the client's p50 over the run's requests, or
+    the engine's own mean over them (`engine`: vLLM's per-request histogram, its sum over its
+    count)."""
+
+    seconds: float
+    engine: bool = False
+
+    @classmethod
+    def of(
+        cls, client_p50_s: float | None, on_time: bool, engine_mean_s: float | None = None
+    ) -> Tpot | None:
+        """The client's p50 when its sender kept time and the answers streamed (its p50 at
+        least `BURST_SHARE` of the engine's mean); else the engine's mean; None without
+        either. A late sender's timings are the client's own delays, and answers that came
+        whole read near 0."""
+        engine = engine_mean_s if engine_mean_s and engine_mean_s > 0 else None
+        streamed = engine is None or (client_p50_s or 0) >= BURST_SHARE * engine
+        if on_time and client_p50_s and client_p50_s > 0 and streamed:
+            return cls(client_p50_s)
+        return None if engine is None else cls(engine, engine=True)
+
+    def simulated(self, figures: Figures) -> float | None:
+        """The same statistic of a prediction's TPOT."""
+        return figures.mean if self.engine else figures.p50
+
+
+@dataclass(frozen=True)
 class Aim:
     """Where a measured TPOT points: the highest rate meeting the SLO on the scenario whose
     step cost is `scale` times the calibrated one (None: the plain ratio's aim)."""
@@ -92,22 +125,21 @@ class Aim:
 _SCALE_STEPS = 10
 
 
-def resimulated(
-    scenario: Scenario, rate: float, measured_tpot_s: float | None, on_time: bool = True
-) -> Aim | None:
-    """The re-aim from the scenario itself: the step-cost scale at which its TPOT p50 at
-    `rate` is the one measured there, and the highest rate meeting its SLO at that scale.
-    None when the TPOT is missing, the sender ran late, no scale within `REAIM_LIMIT`
-    either way gives it, or no rate meets the SLO at that scale."""
-    if not on_time or not measured_tpot_s or measured_tpot_s <= 0:
+def resimulated(scenario: Scenario, rate: float, measured: Tpot | None) -> Aim | None:
+    """The re-aim from the scenario itself: the step-cost scale at which its TPOT at `rate`
+    (the measured statistic) is the one measured there, and the highest rate meeting its
+    SLO at that scale. None when nothing was measured, no scale within `REAIM_LIMIT` either
+    way gives it, or no rate meets the SLO at that scale."""
+    if measured is None:
         return None
+    measured_tpot_s = measured.seconds
     base = capacity_rps(scenario)  # every step k times as long: capacity / k
 
     def at(k: float) -> Scenario:
         return replace(scenario, cost=scenario.cost.scaled(k))
 
     def tpot(k: float) -> float | None:
-        return predict(at(k), rate, 0, base / k).tpot_s.p50
+        return measured.simulated(predict(at(k), rate, 0, base / k).tpot_s)
 
     low, high = 1 / REAIM_LIMIT, REAIM_LIMIT
     slowest, fastest = tpot(high), tpot(low)
@@ -131,16 +163,18 @@ def resimulated(
 
 def first_aim(
     rate: float,
-    measured_tpot_s: float | None,
-    on_time: bool,
+    measured: Tpot | None,
     scenario: Scenario | None = None,
     predicted_tpot_s: float | None = None,
 ) -> Aim | None:
     """The first measurement's aim: re-simulated with the calibrated `scenario`, else the
-    plain ratio against `predicted_tpot_s`."""
+    plain ratio of the client's TPOT p50 against `predicted_tpot_s` (a p50 made elsewhere:
+    the engine's mean is not scaled against it)."""
     if scenario is not None:
-        return resimulated(scenario, rate, measured_tpot_s, on_time)
-    plain = reaim(rate, predicted_tpot_s, measured_tpot_s, on_time)
+        return resimulated(scenario, rate, measured)
+    if measured is None or measured.engine:
+        return None
+    plain = reaim(rate, predicted_tpot_s, measured.seconds)
     return None if plain is None else Aim(plain)
 
 

@@ -7,7 +7,8 @@ prediction instead (`planner.simulate.search`: at most six rates) and re-aims af
 first rate, a calibration gone stale being the usual reason a prediction is far off:
 `guided` takes the target's stored calibration, predicts the highest rate for this load
 and SLO in windows of this probe's length, and re-aims by re-simulating with the step cost
-that gives the TPOT measured at the first rate; `predicted_rps` (with `predicted_tpot_s`)
+that gives the TPOT measured at the first rate (the engine's own mean where the client's
+timings are not the engine's); `predicted_rps` (with `predicted_tpot_s`)
 is a prediction made elsewhere, re-aimed by the plain TPOT ratio. A run whose sender was
 late is not trusted to pass: the rate it reports may not be the rate the engine saw.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -120,6 +122,12 @@ class Step(Figures):
     requests_per_s: float
     # Per request class, when the rate's run had more than one (else empty).
     by_class: list[latency.ClassFigures] = Field(default_factory=list)
+    # The engine's own TPOT over the run's requests (vLLM's histogram: its sum over its
+    # count), None without a scrape: what a re-aim reads when the client's timings are not
+    # the engine's (a late sender, answers that came whole).
+    engine_tpot_s: float | None = None
+    # Which TPOT re-aimed the search: the client's p50, or the engine's own mean.
+    aim_tpot: Literal["client p50", "engine mean"] | None = None
     # Where this step's TPOT pointed the search (the first step of a guided search; it jumps
     # there when that lies beyond the next step on the side the verdict points to).
     aim_rps: float | None = None
@@ -185,12 +193,12 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             # The sender fell behind its schedule: the rate the engine saw is not `rate`.
             untrusted.append(f"{rate:g} req/s ({m.reason})")
         passed = bool(m.slo_share is not None and m.slo_share >= params.share and m.trustworthy)
+        engine_tpot = None if m.engine is None else m.engine.tpot.mean
         # The first rate is the predicted one: how much faster the engine ran than predicted.
+        tpot = search.Tpot.of(m.tpot_s.p50, m.trustworthy, engine_tpot) if i == 0 else None
         got = (
-            await asyncio.to_thread(
-                search.first_aim, rate, m.tpot_s.p50, m.trustworthy, scenario, predicted_tpot
-            )
-            if i == 0
+            await asyncio.to_thread(search.first_aim, rate, tpot, scenario, predicted_tpot)
+            if tpot is not None
             else None
         )
         aim = None if got is None else got.rate
@@ -207,6 +215,8 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 tpot_s=m.tpot_s,
                 requests_per_s=m.requests_per_s,
                 by_class=m.by_class,
+                engine_tpot_s=engine_tpot,
+                aim_tpot=None if aim is None or tpot is None else _source(tpot),
                 aim_rps=None if aim is None else round(aim, 3),
                 aim_scale=scale,
             )
@@ -266,7 +276,9 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             if aimed.aim_scale is not None
             else ""
         )
-        message += f" (the engine's TPOT at {aimed.rate:g} req/s{slower} " + (
+        own = " (its own mean: the client's timings were not the engine's)"
+        whose = own if aimed.aim_tpot == "engine mean" else ""
+        message += f" (the engine's TPOT at {aimed.rate:g} req/s{whose}{slower} " + (
             f"re-aimed the search at {aimed.aim_rps:g})"
             if jumped
             else f"pointed at {aimed.aim_rps:g}, within a step or against the verdict)"
@@ -287,6 +299,10 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         message=message,
         predicted_rps=predicted if scenario is not None else params.predicted_rps,
     )
+
+
+def _source(tpot: search.Tpot) -> Literal["client p50", "engine mean"]:
+    return "engine mean" if tpot.engine else "client p50"
 
 
 def steps_chart(steps: list[Step], share: float) -> Chart:
@@ -343,8 +359,9 @@ def class_chart(r: Result) -> Chart:
 def table(r: Result) -> list[Row]:
     """The rates tried."""
     keys = ("rate", "slo_share", "passed", "trustworthy", "requests", "errors")
-    more = ("ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "requests_per_s", "aim_rps", "aim_scale")
-    return dump_rows(r.steps, (*keys, *more))
+    more = ("ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "engine_tpot_s", "requests_per_s")
+    aim = ("aim_tpot", "aim_rps", "aim_scale")
+    return dump_rows(r.steps, (*keys, *more, *aim))
 
 
 KIND: ProbeKind[Params, Result, Progress] = ProbeKind(

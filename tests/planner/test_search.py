@@ -14,7 +14,17 @@ import pytest
 
 from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, StepCost
-from planner.simulate.search import MAX_POINTS, Verdict, guided, reaim, resimulated, run
+from planner.simulate.search import (
+    MAX_POINTS,
+    Aim,
+    Tpot,
+    Verdict,
+    first_aim,
+    guided,
+    reaim,
+    resimulated,
+    run,
+)
 from planner.simulate.whatif import (
     Prediction,
     Scenario,
@@ -107,15 +117,33 @@ def test_the_re_simulated_aim_lands_on_the_grid_where_the_ratio_misses(slower: f
     assert found is not None
     predicted, there = found
     seen = at(predicted)
-    aim = resimulated(PREDICTED, predicted, seen.tpot_s.p50)
+    assert seen.tpot_s.p50 is not None and seen.tpot_s.mean is not None
+    aim = resimulated(PREDICTED, predicted, Tpot(seen.tpot_s.p50))
     assert aim is not None and aim.scale == pytest.approx(slower, rel=0.03)
     assert abs(aim.rate / grid_best - 1) <= 0.01 + 0.02  # the grid's own step
     plain = reaim(predicted, there.tpot_s.p50, seen.tpot_s.p50)
     assert plain is not None and abs(plain / grid_best - 1) > 0.07
-    # A late sender, no TPOT, or one no scale within the limit gives: no aim.
-    assert resimulated(PREDICTED, predicted, seen.tpot_s.p50, on_time=False) is None
+    # The engine's own mean, read against the simulated mean, finds the same scale.
+    own = resimulated(PREDICTED, predicted, Tpot(seen.tpot_s.mean, engine=True))
+    assert own is not None and own.scale == pytest.approx(slower, rel=0.03)
+    # No TPOT, or one no scale within the limit gives: no aim.
     assert resimulated(PREDICTED, predicted, None) is None
-    assert resimulated(PREDICTED, predicted, 100.0) is None
+    assert resimulated(PREDICTED, predicted, Tpot(100.0)) is None
+
+
+def test_the_tpot_a_re_aim_reads_is_the_clients_only_where_it_shows_the_engine() -> None:
+    """The client's p50 from a sender on time whose answers streamed; else the engine's
+    own mean (a late sender's timings are its own delays; answers that came whole read
+    near 0); nothing without either."""
+    assert Tpot.of(0.004, True, 0.0042) == Tpot(0.004)
+    assert Tpot.of(0.004, True) == Tpot(0.004)
+    assert Tpot.of(0.004, False, 0.0042) == Tpot(0.0042, engine=True)
+    assert Tpot.of(0.0001, True, 0.0042) == Tpot(0.0042, engine=True)  # came whole
+    assert Tpot.of(None, True, 0.0042) == Tpot(0.0042, engine=True)
+    assert Tpot.of(0.004, False) is None and Tpot.of(None, True, 0.0) is None
+    # The plain ratio scales a p50 made elsewhere: the engine's mean is not read against it.
+    assert first_aim(10.0, Tpot(0.008), None, 0.004) == Aim(5.0)
+    assert first_aim(10.0, Tpot(0.008, engine=True), None, 0.004) is None
 
 
 def test_an_aim_only_jumps_the_way_the_verdict_points_and_beyond_a_step() -> None:

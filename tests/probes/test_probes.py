@@ -199,6 +199,7 @@ def test_capacity_brackets_then_bisects(monkeypatch: pytest.MonkeyPatch) -> None
             tpot_s=Percentiles(),
             requests_per_s=rate,
             by_class=[],
+            engine=None,
         )
 
     monkeypatch.setattr(latency, "measure", fake_measure)
@@ -233,12 +234,14 @@ def fake_rates(
     )
 
 
+Answer = tuple[float | None, float | None, bool] | tuple[float | None, float | None, bool, float]
+
+
 def fake_measure(
-    monkeypatch: pytest.MonkeyPatch,
-    answer: Callable[[float, int], tuple[float | None, float | None, bool]],
+    monkeypatch: pytest.MonkeyPatch, answer: Callable[[float, int], Answer]
 ) -> list[float]:
-    """Latency runs answered by `answer(rate, attempt)`: (share inside the SLO, TPOT p50,
-    sender on time); the rates tried."""
+    """Latency runs answered by `answer(rate, attempt)`: (share inside the SLO, the client's
+    TPOT p50, sender on time[, the engine's own TPOT mean]); the rates tried."""
     tried: list[float] = []
 
     async def measure(
@@ -246,11 +249,12 @@ def fake_measure(
         share: tuple[float, float] = (0, 1), attempt: int = 0,
     ) -> Any:  # fmt: skip
         tried.append(rate)
-        inside, tpot_s, on_time = answer(rate, attempt)
+        inside, tpot_s, on_time, *engine_mean = answer(rate, attempt)
+        engine = SimpleNamespace(tpot=SimpleNamespace(mean=engine_mean[0])) if engine_mean else None
         return SimpleNamespace(
             slo_share=inside, trustworthy=on_time, reason=None, requests=10, errors=0,
             ttft_s=Percentiles(), tpot_s=Percentiles(p50=tpot_s), requests_per_s=rate,
-            by_class=[],
+            by_class=[], engine=engine,
         )  # fmt: skip
 
     monkeypatch.setattr(latency, "measure", measure)
@@ -296,13 +300,16 @@ def test_capacity_re_aims_by_the_tpot_at_the_prediction(
         parse_params("capacity", {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "predicted_tpot_s": 0.004})
 
 
+@pytest.mark.parametrize("late", [False, True])
 def test_a_guided_search_predicts_and_re_aims_from_the_targets_calibration(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, late: bool
 ) -> None:
     """The engine is the calibrated simulator with every step 1.6 times as long (a machine
     gone slower since its calibration). Guided, the probe predicts from the stored
     calibration, measures there, finds the 1.6 from the TPOT it measured, jumps to where the
-    slower engine's SLO holds, and lands within 5 % of it in at most six rates."""
+    slower engine's SLO holds, and lands within 5 % of it in at most six rates. When the
+    first rate's sender ran late (the client's TPOT there is its own delay, here 40 %
+    high), the engine's own TPOT mean re-aims it."""
     decodes, prefills = samples()
     fitted = fit(decodes, prefills, CALIBRATED)
     raw = {
@@ -317,9 +324,12 @@ def test_a_guided_search_predicts_and_re_aims_from_the_targets_calibration(
     truth = whatif.highest(engine)
     assert truth is not None
 
-    def answer(rate: float, attempt: int) -> tuple[float | None, float | None, bool]:
+    def answer(rate: float, attempt: int) -> Answer:
         seen = whatif.predict(engine, rate)
-        return seen.slo_share, seen.tpot_s.p50, True
+        assert seen.tpot_s.p50 is not None and seen.tpot_s.mean is not None
+        if late and attempt == 0:
+            return 0.5, seen.tpot_s.p50 * 1.4, False, seen.tpot_s.mean
+        return seen.slo_share, seen.tpot_s.p50, True, seen.tpot_s.mean
 
     tried = fake_measure(monkeypatch, answer)
     out = asyncio.run(capacity.run(ctx, params))
@@ -328,9 +338,13 @@ def test_a_guided_search_predicts_and_re_aims_from_the_targets_calibration(
     assert tried[0] == out.predicted_rps and len(tried) <= 6
     first = out.steps[0]
     assert first.aim_scale == pytest.approx(1.6, rel=0.03) and tried[1] == first.aim_rps
+    assert first.aim_tpot == ("engine mean" if late else "client p50")
     assert out.capacity_rps is not None and abs(out.capacity_rps / truth[0] - 1) <= 0.05
     assert "steps run 1.6 times as long" in out.message
+    assert ("its own mean" in out.message) == late
     assert "the calibrated simulator predicted" in out.message
+    if late:
+        return
     # Never past max_rate: from there, held, the search has its answer.
     tried.clear()
     capped = parse_params("capacity", raw | {"max_rate": 12})

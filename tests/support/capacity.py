@@ -90,20 +90,27 @@ class Point:
     held: bool
     share: float | None
     on_time: bool = True
-    tpot_s: float | None = None  # p50
+    tpot_s: float | None = None  # the client's p50
+    engine_tpot_s: float | None = None  # the engine's own mean
 
     @classmethod
     def of(cls, step: Step) -> Point:
         """A capacity probe's step as a grid point."""
-        return cls(step.rate, step.passed, step.slo_share, step.trustworthy, step.tpot_s.p50)
+        return cls(
+            step.rate, step.passed, step.slo_share, step.trustworthy, step.tpot_s.p50,
+            step.engine_tpot_s,
+        )  # fmt: skip
+
+    @property
+    def tpot(self) -> search.Tpot | None:
+        """The TPOT a re-aim reads here, as the capacity probe picks it."""
+        return search.Tpot.of(self.tpot_s, self.on_time, self.engine_tpot_s)
 
     def verdict(self, first: bool, predicted: Prediction) -> Verdict:
-        """As the capacity probe reads it: the first point, measured on time at the
-        predicted rate, re-aims the search by its TPOT."""
+        """As the capacity probe reads it: the first point, measured at the predicted rate,
+        re-aims the search by its TPOT."""
         got = (
-            search.first_aim(
-                self.rate, self.tpot_s, self.on_time, predicted.scenario, predicted.tpot_s
-            )
+            search.first_aim(self.rate, self.tpot, predicted.scenario, predicted.tpot_s)
             if first
             else None
         )
@@ -246,9 +253,15 @@ def replayed(predicted: Prediction, points: list[Point]) -> Bracket:
 
 def table(points: list[Point]) -> str:
     """The grid as Markdown rows."""
-    rows = ["| rate/s | inside the SLO | sender on time | held |", "|---|---|---|---|"]
+    rows = [
+        "| rate/s | inside the SLO | sender on time | held | TPOT ms: client p50, engine mean |",
+        "|---|---|---|---|---|",
+    ]
     for p in points:
         share = "-" if p.share is None else f"{p.share:.0%}"
         late = "yes" if p.on_time else "no (late)"
-        rows.append(f"| {p.rate:g} | {share} | {late} | {'yes' if p.held else 'no'} |")
+        tpot = ", ".join(
+            "-" if t is None else f"{t * 1000:.1f}" for t in (p.tpot_s, p.engine_tpot_s)
+        )
+        rows.append(f"| {p.rate:g} | {share} | {late} | {'yes' if p.held else 'no'} | {tpot} |")
     return "\n".join(rows)
