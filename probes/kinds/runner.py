@@ -9,6 +9,7 @@ the result.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +39,11 @@ from storage.schemas import ProbeLimits
 from storage.tables import RequestRecord
 
 REPORT_EVERY_S = 1.0
+# How long a finished run waits for its last progress write (a store held by another
+# writer answers within its busy timeout, 5 s by default).
+LAST_REPORT_WAIT_S = 10.0
+
+log = logging.getLogger("kvscope.probes")
 
 
 async def execute(
@@ -106,6 +112,57 @@ class Outcome:
     cancelled: bool
 
 
+class _ProgressWriter:
+    """Writes a run's latest progress to its row from a thread of its own. The probe reports
+    from its event loop, and a write waits for the store's lock while another writer holds
+    it (SQLite's, up to its busy timeout): in the loop that stalled the sends, and their
+    lateness was the probe's own. Only the latest progress is written, and only while the
+    run is running (a write left behind never overwrites its outcome); one that cannot be
+    is logged and the next tried."""
+
+    def __init__(self, store: Engine, run_id: int) -> None:
+        self.store, self.run_id = store, run_id
+        self._latest: tuple[float, dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._loop, daemon=True, name=f"probe-{run_id}-progress"
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, fraction: float, summary: dict[str, Any]) -> None:
+        with self._lock:
+            self._latest = (fraction, summary)
+        self._wake.set()
+
+    def close(self, timeout: float = LAST_REPORT_WAIT_S) -> None:
+        """Write what is left, then stop (waiting at most `timeout`)."""
+        self._closing = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                latest, self._latest = self._latest, None
+            if latest is not None:
+                try:
+                    q.update_run(
+                        self.store, self.run_id, only_running=True,
+                        progress=latest[0], summary=latest[1],
+                    )  # fmt: skip
+                except KvscopeError as err:
+                    log.warning("probe run %d: progress not stored: %s", self.run_id, err)
+            if self._closing and self._latest is None:
+                return
+
+
 class StoredRun:
     """Connects a probe to its `probe_runs` row: progress, partial results, records, cancel."""
 
@@ -126,6 +183,7 @@ class StoredRun:
         self._watcher = threading.Thread(
             target=self._watch, daemon=True, name=f"probe-{run_id}-cancel"
         )
+        self._progress = _ProgressWriter(store, run_id)
 
     def _watch(self) -> None:
         # The console asks through the store; polling it once a second keeps the probe's
@@ -139,19 +197,16 @@ class StoredRun:
                 return
 
     def report(self, fraction: float, progress: ProbeProgress) -> None:
-        """Progress and partial results, written at most once a second."""
+        """Progress and partial results, handed to the writer at most once a second (the
+        caller is the probe's event loop: it never waits for the store)."""
         if self.on_progress:
             self.on_progress(fraction, progress)
         now = time.monotonic()
         if now - self._last_report < REPORT_EVERY_S and fraction < 1.0:
             return
         self._last_report = now
-        q.update_run(
-            self.store,
-            self.run_id,
-            progress=min(max(fraction, 0.0), 1.0),
-            summary={"partial": stored(progress)},
-        )
+        # Dumped here: the progress may hold the probe's own lists, which it goes on filling.
+        self._progress.put(min(max(fraction, 0.0), 1.0), {"partial": stored(progress)})
 
     def sink(self, records: Sequence[RequestResult], step: str) -> None:
         """Store the requests one step sent."""
@@ -169,6 +224,7 @@ class StoredRun:
     def run(self, kind: AnyKind, params: ProbeParams, target: Target, **kwargs: Any) -> Outcome:
         """Run the probe in this thread (its own event loop); the caller records the outcome."""
         self._watcher.start()
+        self._progress.start()
         try:
             result = asyncio.run(
                 execute(
@@ -183,4 +239,5 @@ class StoredRun:
             )
         finally:
             self._watch_stop.set()
+            self._progress.close()
         return Outcome(result, self.cancel.is_set())
