@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from planner.errors import EngineError
 from probes.engine import EngineManager, EngineSpec, group_pids, parse_spec
 from probes.engine.logs import LOG_BACKUPS, rotate
+from probes.engine.process import CPU_ENGINE_NICE
 from storage import queries as q
 from storage.settings import Settings
 from tests.support.waiting import free_port, wait_until
@@ -82,6 +83,28 @@ def test_start_parses_the_log_and_stop_takes_the_whole_group(
     assert {"engine_starting", "engine_healthy", "engine_kv_capacity", "engine_stopped"} <= set(
         kinds
     )
+
+
+def test_a_cpu_engine_yields_the_cores_to_the_worker(
+    store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
+) -> None:
+    """Every thread of a CPU engine's group, its child too, runs CPU_ENGINE_NICE levels below
+    the worker, and so does its session's autogroup where the kernel has them (then only
+    that weighs against the worker's session): the load generator preempts it on waking."""
+    m = _manager(store, settings, _spec(tmp_path), managers)
+    pgid = m.start(timeout=30).pid
+    assert pgid is not None
+    want = min(os.getpriority(os.PRIO_PROCESS, 0) + CPU_ENGINE_NICE, 19)
+    pids = group_pids(pgid)
+    assert len(pids) == 2  # server + its child
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            assert os.getpriority(os.PRIO_PROCESS, int(task.name)) == want, (pid, task.name)
+    own, theirs = Path("/proc/self/autogroup"), Path(f"/proc/{pgid}/autogroup")
+    if own.exists():
+        nice = int(own.read_text().split()[-1])
+        assert theirs.read_text().split()[-1] == str(min(nice + CPU_ENGINE_NICE, 19))
+        assert theirs.read_text().split()[0] != own.read_text().split()[0]  # its own session
 
 
 def test_a_crash_is_an_event_with_the_last_lines_and_it_restarts(
