@@ -34,12 +34,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from planner.errors import InvalidInput
 from planner.simulate.calibrate import BURST_SHARE
 from planner.simulate.whatif import Figures, Scenario, capacity_rps, highest, predict
 
 STEP = 1.1
+TpotSource = Literal["client p50", "engine mean"]
 MAX_POINTS = 6
 # A measured TPOT further than this factor from the predicted one is not a speed ratio to
 # scale by (answers that arrived whole read as a TPOT near 0).
@@ -110,6 +112,10 @@ class Tpot:
     def simulated(self, figures: Figures) -> float | None:
         """The same statistic of a prediction's TPOT."""
         return figures.mean if self.engine else figures.p50
+
+    @property
+    def label(self) -> TpotSource:
+        return "engine mean" if self.engine else "client p50"
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ first rate, a calibration gone stale being the usual reason a prediction is far 
 `guided` takes the target's stored calibration, predicts the highest rate for this load
 and SLO in windows of this probe's length, and re-aims by re-simulating with the step cost
 that gives the TPOT measured at the first rate (the engine's own mean where the client's
-timings are not the engine's); `predicted_rps` (with `predicted_tpot_s`)
-is a prediction made elsewhere, re-aimed by the plain TPOT ratio. A run whose sender was
+timings are not the engine's); `predicted_rps` (with `predicted_tpot_s`) is a prediction
+made elsewhere, re-aimed by the plain TPOT ratio. A run whose sender was
 late is not trusted to pass: the rate it reports may not be the rate the engine saw.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -127,7 +126,7 @@ class Step(Figures):
     # the engine's (a late sender, answers that came whole).
     engine_tpot_s: float | None = None
     # Which TPOT re-aimed the search: the client's p50, or the engine's own mean.
-    aim_tpot: Literal["client p50", "engine mean"] | None = None
+    aim_tpot: search.TpotSource | None = None
     # Where this step's TPOT pointed the search (the first step of a guided search; it jumps
     # there when that lies beyond the next step on the side the verdict points to).
     aim_rps: float | None = None
@@ -216,7 +215,7 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
                 requests_per_s=m.requests_per_s,
                 by_class=m.by_class,
                 engine_tpot_s=engine_tpot,
-                aim_tpot=None if aim is None or tpot is None else _source(tpot),
+                aim_tpot=None if aim is None or tpot is None else tpot.label,
                 aim_rps=None if aim is None else round(aim, 3),
                 aim_scale=scale,
             )
@@ -299,10 +298,6 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         message=message,
         predicted_rps=predicted if scenario is not None else params.predicted_rps,
     )
-
-
-def _source(tpot: search.Tpot) -> Literal["client p50", "engine mean"]:
-    return "engine mean" if tpot.engine else "client p50"
 
 
 def steps_chart(steps: list[Step], share: float) -> Chart:
