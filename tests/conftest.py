@@ -6,7 +6,10 @@ tests/support/postgres.py). `KVSCOPE_TEST_BACKENDS=sqlite` runs them on SQLite o
 of something only SQLite has is marked `sqlite_only`.
 
 `KVSCOPE_TEST_CPU_HOG=N` keeps N cores busy with spinning processes for the whole session
-(stopped by PID at its end), so the suite is run as CI's shared machine runs it.
+(stopped by PID at its end), so the suite is run as CI's shared machine runs it. Each runs
+in a session of its own, as a stranger's load does: where the kernel schedules sessions as
+groups, one in the suite's would count as the worker's own (a managed CPU engine is niced
+below the worker and everything in its session).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not raw.isdigit():
         raise pytest.UsageError(f"KVSCOPE_TEST_CPU_HOG must be a number of cores, not {raw!r}")
     for _ in range(int(raw)):
-        _HOGS.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        hog = [sys.executable, "-c", "while True: pass"]
+        _HOGS.append(subprocess.Popen(hog, start_new_session=True))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

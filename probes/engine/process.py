@@ -69,20 +69,14 @@ def group_pids(pgid: int) -> list[int]:
 
 def lower_priority(pgid: int, by: int) -> int:
     """Run every thread of the group `by` nice levels below this process (threads and
-    children made later inherit it), and likewise its session's autogroup where the kernel
-    schedules sessions as groups (then only the group's nice weighs against other
-    sessions, and the engine runs in a session of its own). Best effort: a system that
-    refuses keeps the engine where it was. Returns the nice level set."""
+    children made later inherit it). Best effort: a system that refuses keeps the engine
+    where it was. Returns the nice level set."""
     nice = min(os.getpriority(os.PRIO_PROCESS, 0) + by, 19)
     for _ in range(2):  # the second pass catches a child forked while the first ran
         for pid in group_pids(pgid):
             for task in Path(f"/proc/{pid}/task").glob("*"):
                 with contextlib.suppress(OSError, ValueError):
                     os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-    with contextlib.suppress(OSError, ValueError):
-        # "/autogroup-N nice K": the session's own weight against the others.
-        own = int(Path("/proc/self/autogroup").read_text().split()[-1])
-        Path(f"/proc/{pgid}/autogroup").write_text(f"{min(own + by, 19)}\n")
     return nice
 
 
@@ -126,8 +120,13 @@ class EngineProcess:
         self.refused: str | None = None  # why a left-over group was not taken over
 
     def launch(self, spec: EngineSpec) -> Launched:
-        """Start `spec` in a new session, output appended to the log; write the pid file. A
-        CPU engine runs `CPU_ENGINE_NICE` levels below the worker.
+        """Start `spec` in a process group of its own, output appended to the log; write
+        the pid file. A CPU engine runs `CPU_ENGINE_NICE` levels below the worker.
+
+        The group stays in the worker's session: where the kernel schedules each session as
+        one group (`sched_autogroup`), nice weighs only within a session, so a session of
+        the engine's own would not yield to the worker (and, niced, would yield to every
+        other session as well).
 
         The engine gets the secrets its spec names, read now, as variables (never argv, so
         never in the log line below, the pid file or `ps`), and none of the worker's other
@@ -154,7 +153,7 @@ class EngineProcess:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 cwd=self.run_dir,
-                start_new_session=True,
+                process_group=0,
             )
         self.pgid = self.proc.pid
         if spec.device == "cpu":
