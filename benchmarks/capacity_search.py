@@ -75,12 +75,12 @@ def main() -> None:
                 print(f"  its first TPOT re-aimed it at {aim:.2f} req/s (the grid's centre)")
             first = steps[0]
             if predicted.scenario is not None:
-                scaled = resimulated(predicted.scenario, first.rate, first.tpot)
-                if scaled is not None and first.tpot is not None:
-                    whose = "the engine's own mean" if first.tpot.engine else "the client's p50"
+                tpot = first.tpot
+                scaled = resimulated(predicted.scenario, first.rate, tpot)
+                if scaled is not None and tpot is not None:
                     print(
                         f"  the engine's steps {scaled.scale:.2f} times as long as calibrated "
-                        f"(its TPOT: {whose}, {_ms(first.tpot.seconds)})"
+                        f"(its TPOT: {tpot.label}, {_ms(tpot.seconds)})"
                     )
             print(capacity.table(points), flush=True)
             best = capacity.grid_answer(points)

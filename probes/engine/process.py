@@ -67,17 +67,16 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def lower_priority(pgid: int, by: int) -> int:
+def lower_priority(pgid: int, by: int) -> None:
     """Run every thread of the group `by` nice levels below this process (threads and
     children made later inherit it). Best effort: a system that refuses keeps the engine
-    where it was. Returns the nice level set."""
+    where it was."""
     nice = min(os.getpriority(os.PRIO_PROCESS, 0) + by, 19)
     for _ in range(2):  # the second pass catches a child forked while the first ran
         for pid in group_pids(pgid):
             for task in Path(f"/proc/{pid}/task").glob("*"):
                 with contextlib.suppress(OSError, ValueError):
                     os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-    return nice
 
 
 def spec_hash(spec: EngineSpec) -> str:
