@@ -87,6 +87,25 @@ def test_a_vllm_executable_instead_of_python(tmp_path: Path) -> None:
     assert spec.argv()[:2] == ["/usr/bin/vllm", "serve"]
     assert "--gpu-memory-utilization 0.85" in " ".join(spec.argv())
     assert "VLLM_TARGET_DEVICE" not in spec.environment(tmp_path)
+    assert "OMP_NUM_THREADS" not in spec.environment(tmp_path)
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, "1"), (2, "1"), (16, "15")])
+def test_a_cpu_engine_leaves_a_core_to_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, threads: str
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    env = parse_spec(_base(tmp_path)).environment(tmp_path)
+    assert env["OMP_NUM_THREADS"] == threads
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+@pytest.mark.parametrize("own", [{"OMP_NUM_THREADS": "2"}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}])
+def test_a_spec_s_own_thread_settings_are_kept_whole(tmp_path: Path, own: dict[str, str]) -> None:
+    env = parse_spec(_base(tmp_path) | {"env": own}).environment(tmp_path)
+    assert env.items() >= own.items()
+    # Half of ours beside half of theirs would be a setting nobody chose.
+    assert not ({"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"} - own.keys()) & env.keys()
 
 
 @pytest.mark.parametrize(
