@@ -67,16 +67,13 @@ class Verdict:
 
 
 def reaim(
-    predicted: float,
-    predicted_tpot_s: float | None,
-    measured_tpot_s: float | None,
-    on_time: bool = True,
+    predicted: float, predicted_tpot_s: float | None, measured_tpot_s: float | None
 ) -> float | None:
     """The rate `predicted` scaled by how much faster the engine ran than the simulator said,
     measured at the predicted rate: the predicted TPOT over the measured. None when either
-    TPOT is missing, the sender ran late (its timings are the client's), or the ratio is
-    past `REAIM_LIMIT` either way."""
-    if not on_time or not predicted_tpot_s or not measured_tpot_s:
+    TPOT is missing or the ratio is past `REAIM_LIMIT` either way (whether a TPOT is the
+    engine's to read is `Tpot.of`'s call)."""
+    if not predicted_tpot_s or not measured_tpot_s:
         return None
     if predicted_tpot_s <= 0 or measured_tpot_s <= 0:
         return None

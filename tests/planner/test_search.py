@@ -156,8 +156,8 @@ def test_an_aim_only_jumps_the_way_the_verdict_points_and_beyond_a_step() -> Non
     assert reaim(10.0, 0.004, 0.002) == pytest.approx(20.0)
     # Answers that came whole (TPOT ~0), or none measured: no aim.
     assert reaim(10.0, 0.004, 0.0005) is None and reaim(10.0, 0.004, None) is None
-    # A late sender's timings are the client's; no TPOT predicted, nothing to scale by.
-    assert reaim(10.0, 0.004, 0.008, on_time=False) is None and reaim(10.0, None, 0.008) is None
+    # No TPOT predicted: nothing to scale by.
+    assert reaim(10.0, None, 0.008) is None
 
 
 def test_the_search_stops_when_the_bracket_is_narrow_and_refuses_nonsense() -> None:
