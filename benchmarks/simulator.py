@@ -6,8 +6,9 @@ requests (the same send times and lengths: the comparison of the figures), calib
 user gets it, without the host's noise and speed, and with the step cost tuned on the run
 itself (the scheduler's error without the calibration's), and re-tuned on the engine just
 before the run (`kvscope simulate calibrate --retune`: the calibration's drift over a
-minute, not over the benchmark's ten); and on five fresh draws of the
-same profile and rate (the seeds' 80 % interval on p99 TTFT, widened by the calibration's
+minute, not over the benchmark's ten); and on 19 fresh draws of the
+same profile and rate (the seeds' 80 % interval on p99 TTFT: the second lowest to the
+second highest, widened by the calibration's
 fit error: does it cover the measurement?). Prints one row per workload
 and figure, with the issue's targets and whether each is met. The two workloads at the knee
 run twice, and the second run is scored against the first as a prediction would be: how
@@ -255,7 +256,7 @@ def measure(
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)
     recent = None if again is None else _drawn(_calibrated(base, again), rate, traffic)
-    fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=5)[0]
+    fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=19)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary
 

@@ -118,7 +118,7 @@ def simulate(
         0.99, "--slo-share", help="Share of requests inside both bounds."
     ),
     seeds: int = typer.Option(
-        1, "--seeds", min=1, max=50, help="Runs per rate; 5 or more give an 80% interval on p99."
+        1, "--seeds", min=1, max=50, help="Runs per rate; 9 or more give an 80% interval on p99."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:

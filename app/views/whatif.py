@@ -191,8 +191,8 @@ def render() -> None:
         help="More requests steady the tail; a run past the capacity only grows its queue.",
     )  # fmt: skip
     seeds = st.slider(
-        "Seeds per rate", 1, 10, 1, key=KEY + "seeds",
-        help="5 or more give an 80 % band on p99 (more time).",
+        "Seeds per rate", 1, 20, 1, key=KEY + "seeds",
+        help="9 or more give an 80 % band on p99 (more time).",
     )  # fmt: skip
     if high <= low:
         st.error("The highest rate must be above the lowest.")
