@@ -15,6 +15,7 @@ from planner.errors import EngineError
 from probes.engine import EngineManager, EngineSpec, group_pids, parse_spec
 from probes.engine.logs import LOG_BACKUPS, rotate
 from probes.engine.process import CPU_ENGINE_NICE
+from probes.engine.spec import cpu_threads
 from storage import queries as q
 from storage.settings import Settings
 from tests.support.waiting import free_port, wait_until
@@ -85,7 +86,7 @@ def test_start_parses_the_log_and_stop_takes_the_whole_group(
     )
 
 
-def test_a_cpu_engine_yields_the_cores_to_the_worker(
+def test_a_cpu_engine_yields_the_cores_to_the_worker_and_leaves_one(
     store: Engine, settings: Settings, tmp_path: Path, managers: list[EngineManager]
 ) -> None:
     """Every thread of a CPU engine's group, its child too, runs CPU_ENGINE_NICE levels below
@@ -101,6 +102,9 @@ def test_a_cpu_engine_yields_the_cores_to_the_worker(
         assert os.getsid(pid) == os.getsid(0) and os.getpgid(pid) == pgid != os.getpgid(0)
         for task in Path(f"/proc/{pid}/task").iterdir():
             assert os.getpriority(os.PRIO_PROCESS, int(task.name)) == want, (pid, task.name)
+        # Its forward pass in one unpinned thread per core but one.
+        environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        assert {f"{k}={v}".encode() for k, v in cpu_threads().items()} <= environ
     own, theirs = Path("/proc/self/autogroup"), Path(f"/proc/{pgid}/autogroup")
     if own.exists():
         assert theirs.read_text() == own.read_text()  # one autogroup, its nice untouched
