@@ -275,8 +275,9 @@ class EngineSpec(BaseModel):
         }
         if self.device == "cpu":
             env["VLLM_TARGET_DEVICE"] = "cpu"
-            if not {"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"} & self.env.keys():
-                env |= cpu_threads()
+            threads = cpu_threads()
+            if not threads.keys() & self.env.keys():  # a spec's own pair is kept whole
+                env |= threads
         return {**env, **self.env}
 
     def command_line(self, run_dir: Path) -> str:
