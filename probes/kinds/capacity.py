@@ -282,6 +282,9 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
             if jumped
             else f"pointed at {aimed.aim_rps:g}, within a step or against the verdict)"
         )
+    again = _measured_again(steps)
+    if again:
+        message += f"; measured again where a window broke the bracket's edge: {again}"
     if scenario is not None:
         message += f"; the calibrated simulator predicted {predicted:g} req/s"
     if untrusted:
@@ -297,6 +300,16 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
         steps=steps,
         message=message,
         predicted_rps=predicted if scenario is not None else params.predicted_rps,
+    )
+
+
+def _measured_again(steps: list[Step]) -> str:
+    """The rates measured more than once and their verdicts in order ("" when none)."""
+    verdicts: dict[float, list[str]] = {}
+    for s in steps:
+        verdicts.setdefault(s.rate, []).append("held" if s.passed else "broke")
+    return ", ".join(
+        f"{rate:g} req/s ({', then '.join(v)})" for rate, v in verdicts.items() if len(v) > 1
     )
 
 

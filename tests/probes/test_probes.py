@@ -272,6 +272,31 @@ def test_capacity_searches_around_a_prediction(monkeypatch: pytest.MonkeyPatch) 
     assert 6.2 / 1.05 <= out.capacity_rps <= 6.2 < out.first_failing_rps
 
 
+def test_capacity_measures_again_a_break_one_slow_window_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine holds up to 6.2 req/s, but its first window at 6.05 ran slow and broke it.
+    Once the bracket closes on 6.05 the probe measures it again, finds it held, reports it
+    as the capacity and says which rate it measured twice."""
+    seen: list[float] = []
+
+    def answer(rate: float, attempt: int) -> Answer:
+        slow = rate == 6.05 and rate not in seen
+        seen.append(rate)
+        return (0.95 if rate <= 6.2 and not slow else 0.5), 0.004, True
+
+    tried = fake_measure(monkeypatch, answer)
+    raw = {"ttft_slo_s": 1, "tpot_slo_s": 0.1, "share": 0.9, "predicted_rps": 5}
+    params = parse_params("capacity", raw)
+    out = asyncio.run(capacity.run(ProbeContext(None, "m"), params))  # type: ignore[arg-type]
+    assert tried == [5, 5.5, 6.05, 5.768, 6.05, 6.655]
+    assert out.capacity_rps == pytest.approx(6.05) and out.first_failing_rps == pytest.approx(6.655)
+    assert (
+        "measured again where a window broke the bracket's edge: 6.05 req/s (broke, then "
+        "held)" in out.message
+    )
+
+
 @pytest.mark.parametrize("case", ["slow", "late", "near"])
 def test_capacity_re_aims_by_the_tpot_at_the_prediction(
     monkeypatch: pytest.MonkeyPatch, case: str

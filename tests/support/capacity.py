@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,24 +130,28 @@ def grid(
     request: Request, target: str, rates: list[float], duration_s: float, extend: int = 4
 ) -> list[Point]:
     """Each rate measured pinned, lowest first, then extended at its ends (`extended`)."""
-    points = [pinned(request, target, rate, duration_s) for rate in rates]
-    return extended(request, target, points, duration_s, extend)
+    measure = _pinned_to(request, target, duration_s)
+    return extended(measure, [measure(rate) for rate in rates], extend)
+
+
+def _pinned_to(request: Request, target: str, duration_s: float) -> Callable[[float], Point]:
+    return lambda rate: pinned(request, target, rate, duration_s)
 
 
 def extended(
-    request: Request, target: str, points: list[Point], duration_s: float, extend: int = 4
+    measure: Callable[[float], Point], points: list[Point], extend: int = 4
 ) -> list[Point]:
     """A grid, lowest rate first, with up to `extend` rates more at each end, the ladder's
-    step apart, until the lowest rate held and the two highest broke (the grid then holds
-    every verdict a search could meet)."""
+    step apart and each measured by `measure`, until the lowest rate held and the two
+    highest broke (the grid then holds every verdict a search could meet)."""
     points = list(points)
     step = points[1].rate / points[0].rate if len(points) > 1 else 1.05
     for _ in range(extend):
         if any(p.held for p in points[-2:]):
-            points.append(pinned(request, target, round(points[-1].rate * step, 3), duration_s))
+            points.append(measure(round(points[-1].rate * step, 3)))
     for _ in range(extend):
         if not points[0].held:
-            points.insert(0, pinned(request, target, round(points[0].rate / step, 3), duration_s))
+            points.insert(0, measure(round(points[0].rate / step, 3)))
     return points
 
 
@@ -187,7 +192,7 @@ def interleaved(
     search.run(predicted.rps, holds)
     more_grid(len(order))
     points = [measured[rate] for rate in sorted(measured)]
-    return steps, extended(request, target, points, duration_s)
+    return steps, extended(_pinned_to(request, target, duration_s), points)
 
 
 def centre(predicted: Prediction, first: Verdict) -> float:
@@ -265,3 +270,48 @@ def table(points: list[Point]) -> str:
         )
         rows.append(f"| {p.rate:g} | {share} | {late} | {'yes' if p.held else 'no'} | {tpot} |")
     return "\n".join(rows)
+
+
+# An engine whose capacity moves between windows, simulated: what a verdict a window costs.
+Window = Callable[[], float]
+
+
+def noisy_windows(rng: random.Random, sigma: float, slow: float, spells: int) -> Window:
+    """Draws of one window's capacity, the engine's median 1 (benchmarks/search_noise.py):
+    the mean of `spells` 30-s spells, each lognormal with `sigma` or, a `slow` share of
+    them, 0.70-0.88 (steps 15-40 % longer)."""
+
+    def spell() -> float:
+        if rng.random() < slow:
+            return rng.uniform(0.70, 0.88)
+        return rng.lognormvariate(0.0, sigma)
+
+    return lambda: statistics.fmean(spell() for _ in range(spells))
+
+
+def noisy_grid(window: Window, centre: float) -> float | None:
+    """The exhaustive grid's answer around `centre`, on windows drawn from `window`."""
+
+    def measure(rate: float) -> Point:
+        return Point(rate, rate <= window(), None)
+
+    rates = ladder(0.8 * centre, 1.25 * centre)
+    return grid_answer(extended(measure, [measure(r) for r in rates]))
+
+
+def noisy_search(
+    rng: random.Random, window: Window, confirm: bool
+) -> tuple[float | None, float, int]:
+    """The guided search from a prediction off by up to 40 %: what it found, where its first
+    window re-aimed it (the grid's centre), and its points."""
+    aims: list[float] = []
+
+    def holds(rate: float) -> Verdict:
+        capacity = window()
+        if not aims:
+            aims.append(capacity * rng.gauss(1.0, 0.03))
+            return Verdict(rate <= capacity, aims[0])
+        return Verdict(rate <= capacity)
+
+    found = search.run(rng.uniform(0.95, 1.40), holds, confirm=confirm)
+    return found.held, aims[0], found.points
