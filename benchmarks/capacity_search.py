@@ -1,14 +1,15 @@
 """The capacity search on the real CPU engine: the simulator, calibrated on the engine,
 predicts the highest rate meeting an SLO in windows of the probe's length; the capacity
 probe (guided) searches around that prediction, re-aimed by re-simulating with the step
-cost that gives the TPOT it measures first (at most six measured rates); an exhaustive grid
-of measured rates says where the answer is. Prints the prediction, the search's points,
-the grid, and how far apart.
+cost that gives the TPOT it measures first, the break that closes its bracket measured
+twice (at most six measured rates); an exhaustive grid of measured rates says where the
+answer is. Prints the prediction, the search's points, the grid, and how far apart.
 
     .venv/bin/python -m benchmarks.capacity_search                   # ~8 min
     .venv/bin/python -m benchmarks.capacity_search --rounds 2        # ~13 min
     .venv/bin/python -m benchmarks.capacity_search --order sequential
     .venv/bin/python -m benchmarks.capacity_search --duration 30     # ~15 min
+    .venv/bin/python -m benchmarks.capacity_search --duration 60 --rounds 2   # ~50 min
 
 The grid is a 4 % ladder from 0.8 to 1.25 times the search's re-aim (the prediction when
 there is none), extended at its ends until it brackets. Interleaved (the default), the
