@@ -1,0 +1,108 @@
+"""Where the queue is past the knee on the CPU engine: for open-loop runs at a few rates (the
+fidelity engine of benchmarks/simulator.py, 256/64 tokens, Poisson, 40 s), the client's
+TTFT against the engine's own queue time, the rate it served while the arrivals lasted
+(answers finished from 10 s in to the last send, over that time), its steps a second, and
+the CPU each process took (the engine core, the API server, this process's load generator).
+
+    .venv/bin/python -m benchmarks.overload                  # ~4 min
+    .venv/bin/python -m benchmarks.overload --rates 12 30 40 51
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from benchmarks.simulator import ENGINE, FIXED
+from probes.kinds.latency import Measurement
+from storage import queries as q
+from tests.support import injection
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far: the engine core, the API server (and any other process of the
+    engine's virtual environment), and this process."""
+    out = {"engine core": 0.0, "API server": 0.0, "load generator": 0.0}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        used = (int(fields[11]) + int(fields[12])) / TICK
+        if comm.startswith("VLLM::EngineCor"):
+            out["engine core"] += used
+        elif b".engine-venv" in cmd:
+            out["API server"] += used
+        elif int(pid) == os.getpid():
+            out["load generator"] += used
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", type=float, nargs="+", default=[12.0, 40.0, 51.0])
+    ap.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals a run")
+    args = ap.parse_args()
+    venv = Path(__file__).resolve().parents[1] / ".engine-venv"
+    print(
+        "| rate/s | served/s | client TTFT p50 ms | engine queue mean ms | TPOT p50 ms | "
+        "engine steps/s | CPU, cores: engine core | API server | load generator |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    with injection.diag_worker(venv, ENGINE) as (worker, request):
+        for rate in args.rates:
+            before, started = cpu_seconds(), time.monotonic()
+            run = request(
+                "latency", target=injection.NAME, timeout=1200, rate=rate,
+                duration_s=args.duration, arrival="poisson", profile=FIXED,
+                request_timeout_s=300, seed=7,
+            )  # fmt: skip
+            wall = time.monotonic() - started
+            used = {k: (v - before[k]) / wall for k, v in cpu_seconds().items()}
+            if run.status != "done":
+                print(f"| {rate:g} | the run ended {run.status}: {run.error} |", flush=True)
+                continue
+            m = Measurement.model_validate(run.summary)
+            served = served_while_arriving(worker.store, run.id)
+            e = m.engine
+            steps = e.iteration_tokens.count if e and e.iteration_tokens else None
+            queue = e.queue_time.mean if e else None
+            print(
+                f"| {rate:g} | {'-' if served is None else f'{served:.1f}'} | "
+                f"{_ms(m.ttft_s.p50)} | {_ms(queue)} | "
+                f"{_ms(m.tpot_s.p50, 1)} | {'-' if steps is None else f'{steps / wall:.0f}'} | "
+                + " | ".join(f"{used[k]:.2f}" for k in ("engine core", "API server",
+                                                       "load generator"))
+                + " |",
+                flush=True,
+            )  # fmt: skip
+
+
+def served_while_arriving(store: Engine, run_id: int, settle_s: float = 10.0) -> float | None:
+    """Answers finished from `settle_s` after the first send to the last send, a second."""
+    frame = q.run_records(store, run_id)
+    frame = frame[frame["status"] == "ok"]
+    if frame.empty:
+        return None
+    start, end = frame["scheduled_ts"].min() + settle_s, frame["scheduled_ts"].max()
+    done = frame["scheduled_ts"] + frame["e2e_s"]
+    if end <= start:
+        return None
+    return float(((done >= start) & (done <= end)).sum() / (end - start))
+
+
+def _ms(seconds: float | None, digits: int = 0) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.{digits}f}"
+
+
+if __name__ == "__main__":
+    main()
