@@ -29,8 +29,8 @@ fifth slower now and then queues most requests past the TTFT bound at a rate its
 neighbours hold. So the break that closes the bracket is measured once more while points
 remain (`confirm`), and counts only if it breaks again; held there, the search goes on
 above it. On a simulated engine with such windows this lands within 5 % of an exhaustive
-grid about 4 points of 100 more often, and below it about 9 fewer (`benchmarks/capacity_search.py`
-shows it live).
+grid about 4 times in 100 more often, and more than 5 % below it about 9 times fewer
+(`benchmarks/search_noise.py`; `benchmarks/capacity_search.py` runs it live).
 
 The search is a generator: it yields the next rate to measure and is sent the verdict there
 (whether the SLO held, or a `Verdict` with an aim), so a probe can drive it from async code

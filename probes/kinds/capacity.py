@@ -230,13 +230,14 @@ async def run(ctx: ProbeContext, params: Params) -> Result:
     bad: float | None = None
     if predicted is not None:
         # Never past max_rate (what the run's limits were checked against): a search that
-        # asks for more once it held there has its answer.
+        # asks for more once it held there has its answer (one that broke there may measure
+        # it again).
         guide = search.guided(min(predicted, params.max_rate))
         try:
             rate = next(guide)
             while True:
                 rate = min(round(rate, 3), params.max_rate)
-                if rate == params.max_rate and any(s.rate == rate for s in steps):
+                if rate == params.max_rate and any(s.rate == rate and s.passed for s in steps):
                     good = max((s.rate for s in steps if s.passed), default=None)
                     break
                 held = await attempt(rate)

@@ -295,6 +295,13 @@ def test_capacity_measures_again_a_break_one_slow_window_made(
         "measured again where a window broke the bracket's edge: 6.05 req/s (broke, then "
         "held)" in out.message
     )
+    # At max_rate too: the break there is measured again, and once it held the search stops.
+    seen.clear()
+    tried.clear()
+    capped = parse_params("capacity", raw | {"max_rate": 6.05})
+    out = asyncio.run(capacity.run(ProbeContext(None, "m"), capped))  # type: ignore[arg-type]
+    assert tried == [5, 5.5, 6.05, 5.768, 6.05] and out.capacity_rps == pytest.approx(6.05)
+    assert "held up to the highest rate tried, 6.05 req/s" in out.message
 
 
 @pytest.mark.parametrize("case", ["slow", "late", "near"])
