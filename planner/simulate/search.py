@@ -3,8 +3,9 @@ prediction instead of from scratch.
 
 Start at the predicted rate; step up (or down) by `step` until the SLO's verdict changes,
 which brackets the answer in one step's width; then halve the bracket while points remain.
-A prediction within a step of the truth lands within `tolerance` in four measurements; one
-three steps off still brackets by the fifth and narrows by the sixth.
+A prediction within a step of the truth lands within `tolerance` in four measurements (a
+fifth measures the closing break again, below); one three steps off still brackets by the
+fifth and narrows by the sixth.
 
 A calibration goes stale: on a shared machine the engine's speed moves by half within an
 hour, and a prediction twice too high cannot be bracketed in six 10 % steps. So the first
