@@ -233,7 +233,7 @@ def measure(
         cv=cv,
         source="calibrated",
     )
-    scenario = _calibrated(base, cal)
+    scenario = calibrated(base, cal)
     rate = round(share * capacity_rps(scenario), 2)
     again = None
     if retuned is not None:
@@ -255,13 +255,13 @@ def measure(
     own = tune(cal, traffic, rate, *medians(LoadRun.model_validate(run.summary), rate))
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)
-    recent = None if again is None else _drawn(_calibrated(base, again), rate, traffic)
+    recent = None if again is None else _drawn(calibrated(base, again), rate, traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=19)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary
 
 
-def _calibrated(scenario: Scenario, cal: Calibration) -> Scenario:
+def calibrated(scenario: Scenario, cal: Calibration) -> Scenario:
     """`scenario` with `cal`'s step cost, API time, fit error, host speed and noise."""
     return replace(
         scenario, cost=cal.cost(), api_s=cal.request_s,
