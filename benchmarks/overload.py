@@ -9,9 +9,8 @@ the CPU each process took (the engine core, the API server, this process's load 
     .venv/bin/python -m benchmarks.overload --predict        # ~10 min, calibrated first
 
 With `--predict` the engine is calibrated first (as `kvscope simulate calibrate`), and each
-run is predicted on its own requests twice: with the calibration's one step scale, tuned at
-one rate, and with that scale read as a cost per arrival (`per_arrival`), so that it grows
-with the rate. A prototype of the model docs/simulator.md proposes, not the simulator's.
+run is predicted on its own requests (one draw of the host), to set the simulator's TTFT
+beside the engine's where the engine saturates.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from benchmarks.simulator import ENGINE, FIXED, calibrate, calibrated, started_config
-from planner.simulate.calibrate import Calibration
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
 from probes.kinds.latency import Measurement
@@ -72,7 +70,7 @@ def main() -> None:
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         cal = calibrate(worker, request) if args.predict else None
         if cal is not None:
-            print(f"{cal.describe()}; per arrival {per_arrival(cal) * 1000:.2f} ms", flush=True)
+            print(cal.describe(), flush=True)
         for rate in args.rates:
             before, started = cpu_seconds(), time.monotonic()
             run = request(
@@ -106,32 +104,15 @@ def main() -> None:
                     profile=parse_profile(FIXED), requests=len(traffic), arrival="poisson",
                     source="calibrated",
                 )  # fmt: skip
-                row = [f"{rate:g}", f"{_ms(m.ttft_s.p50)}, {_ms(m.ttft_s.p99)}"]
-                for c in (cal, at_rate(cal, rate)):
-                    p = predict(calibrated(base, c), rate, 0, requests=traffic)
-                    row.append(f"{_ms(p.ttft_s.p50)}, {_ms(p.ttft_s.p99)}")
-                predicted.append("| " + " | ".join(row) + " |")
+                p = predict(calibrated(base, cal), rate, 0, requests=traffic)
+                predicted.append(
+                    f"| {rate:g} | {_ms(m.ttft_s.p50)}, {_ms(m.ttft_s.p99)} | "
+                    f"{_ms(p.ttft_s.p50)}, {_ms(p.ttft_s.p99)} |"
+                )
     if predicted:
-        print("\n| rate/s | measured TTFT p50, p99 ms | one step scale | per arrival |")
-        print("|---|---|---|---|")
+        print("\n| rate/s | measured TTFT p50, p99 ms | calibrated prediction |")
+        print("|---|---|---|")
         print("\n".join(predicted))
-
-
-def per_arrival(cal: Calibration) -> float:
-    """The engine's seconds per arriving request that the tuning run's step scale implies,
-    read as 1 / (1 - rate x c) at the rate it was tuned at (0 where steps ran no slower)."""
-    if cal.tuned_rate is None or cal.load_scale <= 1:
-        return 0.0
-    return (1 - 1 / cal.load_scale) / cal.tuned_rate
-
-
-def at_rate(cal: Calibration, rate: float) -> Calibration:
-    """`cal` with its step scale for `rate`: the quiet fit's over the share of the engine's
-    time left after the arrivals (at most 90 % taken)."""
-    c = per_arrival(cal)
-    if c == 0:
-        return cal
-    return cal.model_copy(update={"load_scale": 1 / (1 - min(rate * c, 0.9))})
 
 
 def served_while_arriving(store: Engine, run_id: int, settle_s: float = 10.0) -> float | None:
