@@ -205,6 +205,7 @@ def test_a_break_is_measured_again_only_while_points_remain() -> None:
 
     found = run(10.0, holds)
     assert found.points == MAX_POINTS == len(asked) and len(set(asked)) == len(asked)
+    assert found.held is not None and found.broke is not None
     assert found.held == asked[4] <= 7.0 < found.broke == asked[5]
     assert found.broke / found.held - 1 <= TOLERANCE
 
