@@ -22,35 +22,29 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from benchmarks.engine import cpu_seconds, proc_label
 from benchmarks.simulator import ENGINE, FIXED, calibrate, calibrated, started_config
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
+from probes.engine import group_pids
 from probes.kinds.latency import Measurement
 from storage import queries as q
 from tests.support import injection
 
-TICK = os.sysconf("SC_CLK_TCK")
 
-
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far: the engine core, the API server (and any other process of the
-    engine's virtual environment), and this process."""
-    out = {"engine core": 0.0, "API server": 0.0, "load generator": 0.0}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def cpu_used(engine_pid: int) -> dict[str, float]:
+    """CPU seconds so far: the engine's core and its API server (its process group), and
+    this process, whose load generator sends the runs."""
+    out = {"engine core": 0.0, "API server": 0.0, "load generator": cpu_seconds(os.getpid())}
+    for pid in group_pids(engine_pid):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            label, used = proc_label(pid), cpu_seconds(pid)
+        except OSError:  # gone since the group was read
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        used = (int(fields[11]) + int(fields[12])) / TICK
-        if comm.startswith("VLLM::EngineCor"):
+        if label.startswith("VLLM::EngineCor"):
             out["engine core"] += used
-        elif b".engine-venv" in cmd:
+        elif label == "API server":
             out["API server"] += used
-        elif int(pid) == os.getpid():
-            out["load generator"] += used
     return out
 
 
@@ -72,14 +66,17 @@ def main() -> None:
         if cal is not None:
             print(cal.describe(), flush=True)
         for rate in args.rates:
-            before, started = cpu_seconds(), time.monotonic()
+            engine_pid = worker.engines[injection.NAME].state.pid
+            if engine_pid is None:
+                raise SystemExit("the engine is not running")
+            before, started = cpu_used(engine_pid), time.monotonic()
             run = request(
                 "latency", target=injection.NAME, timeout=1200, rate=rate,
                 duration_s=args.duration, arrival="poisson", profile=FIXED,
                 request_timeout_s=300, seed=7,
             )  # fmt: skip
             wall = time.monotonic() - started
-            used = {k: (v - before[k]) / wall for k, v in cpu_seconds().items()}
+            used = {k: (v - before[k]) / wall for k, v in cpu_used(engine_pid).items()}
             if run.status != "done":
                 print(f"| {rate:g} | the run ended {run.status}: {run.error} |", flush=True)
                 continue
