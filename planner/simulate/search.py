@@ -206,6 +206,7 @@ def guided(
     if step <= 1 or max_points < 2:
         raise InvalidInput("the step must exceed 1 and at least two points are needed")
     held: float | None = None
+    broke: float | None = None  # the lowest break above `held`: the bracket's top
     breaks: list[float] = []
     confirmed: set[float] = set()
     points = 0
@@ -235,7 +236,6 @@ def guided(
             aim = verdict.aim
             if aim is not None and (aim > rate if ok else aim < rate):
                 rate = aim
-    broke = min((b for b in breaks if held is None or b > held), default=None)
     return Bracket(held, broke, points)
 
 
