@@ -1,0 +1,75 @@
+"""Steps read back from token times: what each step carried and how long it took."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.simulate.engine import EngineConfig, StepCost
+from planner.simulate.steps import ObservedStep, TokenTimes, observed_steps
+
+DECODE_S, MIXED_S = 0.003, 0.008
+
+
+def lockstep(jitter_s: float = 0.0, seed: int = 0) -> list[TokenTimes]:
+    """Four answers of 20 tokens decoding together from t=0 (3 ms a step), and a fifth
+    whose prefill finishes in step 10 (8 ms), then decodes with them; each token reaches
+    the client up to `jitter_s` late."""
+    rng = np.random.default_rng(seed)
+    lengths = [DECODE_S] * 30
+    lengths[10] = MIXED_S
+    ends = np.cumsum(lengths)  # step i ends at ends[i]
+
+    def seen(steps: range) -> TokenTimes:
+        at = ends[list(steps)] + rng.uniform(0, jitter_s, len(steps))
+        return TokenTimes(prompt_tokens=256, first_s=float(at[0]), gaps_s=np.diff(at).tolist())
+
+    return [seen(range(0, 20)) for _ in range(4)] + [seen(range(10, 25))]
+
+
+def test_a_step_that_finishes_a_prefill_is_told_apart_and_timed() -> None:
+    seen = observed_steps(lockstep(jitter_s=0.0005))
+    assert seen.merged == 0
+    assert len(seen.steps) == 25
+    mixed = [s for s in seen.steps if s.prefills and s.decodes]
+    assert len(mixed) == 1
+    (step,) = mixed
+    assert step.prefills == (256,) and step.decodes == 4
+    assert step.seconds == pytest.approx(MIXED_S, abs=0.0006)
+    plain = [s.seconds for s in seen.steps if not s.prefills and s.seconds is not None]
+    assert float(np.median(plain)) == pytest.approx(DECODE_S, abs=0.0003)
+    # The four answers' 11th tokens: context 256 + 10 each.
+    assert step.decode_pairs == 4 * (256 + 10)
+
+
+def test_the_first_step_decodes_nothing_and_has_no_length() -> None:
+    first = observed_steps(lockstep()).steps[0]
+    assert first.prefills == (256,) * 4 and first.decodes == 0 and first.seconds is None
+
+
+def test_tokens_streamed_in_a_bunch_are_left_out_not_read_as_one_step() -> None:
+    records = lockstep()
+    # The fifth answer's tokens 3 and 4 reach the client together: one bunch, two tokens.
+    late = list(records[4].gaps_s)
+    late[2], late[3] = late[2] + late[3], 0.0
+    records[4] = TokenTimes(256, records[4].first_s, late)
+    seen = observed_steps(records)
+    assert seen.merged == 1
+    assert len(seen.steps) == 24
+
+
+def test_a_step_is_modelled_with_its_prefill_chunk_within_the_budget() -> None:
+    config = EngineConfig(num_blocks=1000, max_num_seqs=8, max_num_batched_tokens=512)
+    cost = StepCost(0.001, 0.0, 0.0, 1e-5, additive=True, seq_s=1e-4, pair_s=1e-8)
+    step = ObservedStep(at_s=0.0, seconds=0.008, decodes=7, decode_pairs=7 * 300, prefills=(600,))
+    tokens, seqs, pairs = step.features(config)
+    assert (tokens, seqs) == (7 + 505, 8)
+    assert pairs == 7 * 300 + 505 * 95 + 505 * 506 // 2
+    assert step.modelled_s(cost, config) == pytest.approx(
+        0.001 + tokens * 1e-5 + seqs * 1e-4 + pairs * 1e-8
+    )
+
+
+def test_no_tokens_no_steps() -> None:
+    seen = observed_steps([])
+    assert seen.steps == [] and seen.typical_s is None
