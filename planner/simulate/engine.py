@@ -110,7 +110,7 @@ class StepCost:
         before the first (each step adds one per sequence): `step_s` of each, as an array
         (a decode's pairs are its context)."""
         kv = np.arange(kv_tokens + seqs, kv_tokens + seqs * steps + 1, seqs, dtype=np.int64)
-        step: np.ndarray = kv * self.kv_token_read_s
+        step: np.ndarray = kv * float(self.kv_token_read_s)  # (a cost given as int 0 too)
         step += self.weights_read_s  # memory
         compute = seqs * self.token_compute_s
         if self.additive:

@@ -39,6 +39,15 @@ def test_one_request_alone_is_its_prefill_then_its_decodes() -> None:
     assert long.ttft_s == pytest.approx(chunks)
 
 
+def test_a_cost_given_in_whole_numbers_runs_as_its_floats_do() -> None:
+    """A cost typed as `StepCost(0.001, 0, 0, ...)` (ints where nothing is read) once failed
+    in the decode stretches' arithmetic."""
+    as_ints = StepCost(0.001, 0, 0, 1e-5, additive=True, seq_s=1e-4)
+    as_floats = StepCost(0.001, 0.0, 0.0, 1e-5, additive=True, seq_s=1e-4)
+    traffic = poisson(20.0, 50, 300, 40)
+    assert list(simulate(traffic, CONFIG, as_ints)) == list(simulate(traffic, CONFIG, as_floats))
+
+
 def test_too_long_requests_are_refused_and_an_engine_that_cannot_start_is_an_error() -> None:
     stats = EngineStats()
     out = list(simulate([SimRequest(0.0, 8000, 500), SimRequest(0.1, 10, 10)], CONFIG, COST, stats))
