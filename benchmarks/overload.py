@@ -11,6 +11,10 @@ the CPU each process took (the engine core, the API server, this process's load 
 With `--predict` the engine is calibrated first (as `kvscope simulate calibrate`), and each
 run is predicted on its own requests (one draw of the host), to set the simulator's TTFT
 beside the engine's where the engine saturates.
+
+Each run's steps are also read back from its token times (planner/simulate/steps.py): by
+what they carried (requests decoding, prefills finished), how many and their median length,
+and with `--predict` what the calibrated step cost says the same steps take.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy import Engine
 
 from benchmarks.engine import cpu_seconds, proc_label
 from benchmarks.simulator import ENGINE, FIXED, calibrate, calibrated, started_config
+from planner.simulate.calibrate import Calibration
+from planner.simulate.engine import EngineConfig, SimRequest, simulate
+from planner.simulate.steps import TokenTimes, observed_steps
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
 from probes.engine import group_pids
@@ -61,6 +69,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     predicted: list[str] = []
+    step_table: list[str] = []
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         cal = calibrate(worker, request) if args.predict else None
         if cal is not None:
@@ -94,6 +103,7 @@ def main() -> None:
                 + " |",
                 flush=True,
             )  # fmt: skip
+            step_table += step_rows(worker.store, run.id, rate, started_config(worker), cal)
             if cal is not None:
                 traffic = replay(q.replayable(worker.store, run.id))
                 base = Scenario(
@@ -102,14 +112,79 @@ def main() -> None:
                     source="calibrated",
                 )  # fmt: skip
                 p = predict(calibrated(base, cal), rate, 0, requests=traffic)
+                sim = simulated_served(traffic, cal, started_config(worker))
                 predicted.append(
                     f"| {rate:g} | {_ms(m.ttft_s.p50)}, {_ms(m.ttft_s.p99)} | "
-                    f"{_ms(p.ttft_s.p50)}, {_ms(p.ttft_s.p99)} |"
+                    f"{_ms(p.ttft_s.p50)}, {_ms(p.ttft_s.p99)} | "
+                    f"{'-' if served is None else f'{served:.1f}'} | "
+                    f"{'-' if sim is None else f'{sim:.1f}'} |"
                 )
+    print(
+        "\n| rate/s | steps: decoding + prefills finished | seen | median ms | mean ms | "
+        "calibrated step cost ms |"
+    )
+    print("|---|---|---|---|---|---|")
+    print("\n".join(step_table))
     if predicted:
-        print("\n| rate/s | measured TTFT p50, p99 ms | calibrated prediction |")
-        print("|---|---|---|")
+        print(
+            "\n| rate/s | measured TTFT p50, p99 ms | calibrated prediction | served/s | "
+            "simulated served/s |"
+        )
+        print("|---|---|---|---|---|")
         print("\n".join(predicted))
+
+
+# A kind of step is listed where the run had at least this many of it.
+STEPS_LISTED = 30
+
+
+def step_rows(
+    store: Engine, run_id: int, rate: float, config: EngineConfig, cal: Calibration | None
+) -> list[str]:
+    """Rows of the step table for one run: its steps by kind (requests decoding, prefills
+    finished), each kind's count, median and mean length, and the calibrated cost's median;
+    then the run's measured step time over the calibrated cost's for the same steps (the
+    mean counts the stalls a median hides)."""
+    seen = observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id))
+    kinds: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for s in seen.steps:
+        if s.seconds is not None:
+            model = s.modelled_s(cal.cost(), config) if cal is not None else float("nan")
+            kinds.setdefault((s.decodes, len(s.prefills)), []).append((s.seconds, model))
+    rows = []
+    for (decodes, prefills), got in sorted(kinds.items()):
+        if len(got) >= STEPS_LISTED:
+            measured, model = np.asarray(got).T
+            rows.append(
+                f"| {rate:g} | {decodes} + {prefills} | {len(got)} | "
+                f"{_ms(float(np.median(measured)), 2)} | {_ms(float(np.mean(measured)), 2)} | "
+                f"{_ms(float(np.median(model)), 2) if cal else '-'} |"
+            )
+    total = np.asarray([x for got in kinds.values() for x in got]).reshape(-1, 2)
+    ratio = (
+        f"; measured over calibrated: {total[:, 0].sum() / total[:, 1].sum():.2f} in all, "
+        f"{np.median(total[:, 0] / total[:, 1]):.2f} the median step"
+        if cal is not None and len(total)
+        else ""
+    )
+    left = f"{seen.merged} of {len(seen.steps) + seen.merged} bunches merged steps{ratio}"
+    return [*rows, f"| {rate:g} | {left} | | | | |"]
+
+
+def simulated_served(
+    traffic: list[SimRequest], cal: Calibration, config: EngineConfig, settle_s: float = 10.0
+) -> float | None:
+    """`served_while_arriving` of the calibrated simulator's replay of `traffic` (one
+    run, the host at its median speed)."""
+    start, end = traffic[0].arrival_s + settle_s, traffic[-1].arrival_s
+    if end <= start:
+        return None
+    done = [
+        r.request.arrival_s + r.e2e_s + cal.request_s
+        for r in simulate(traffic, config, cal.cost())
+        if r.e2e_s is not None
+    ]
+    return sum(start <= t <= end for t in done) / (end - start)
 
 
 def served_while_arriving(store: Engine, run_id: int, settle_s: float = 10.0) -> float | None:

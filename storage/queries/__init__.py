@@ -49,6 +49,7 @@ from storage.queries.records import (
     replayed_latencies,
     run_records,
     target_records,
+    token_times,
 )
 from storage.queries.runs import (
     ACTIVE_STATES,
@@ -158,6 +159,7 @@ __all__ = [
     "states_under",
     "stored_profiles",
     "target_records",
+    "token_times",
     "touch_target",
     "update_alert",
     "update_run",

@@ -103,3 +103,20 @@ def replayed_latencies(store: Engine, run_id: int) -> list[tuple[float, float]]:
     """The measured (TTFT, E2E) in seconds of the requests `replayable` lists, in its order."""
     frame = _answered(store, run_id)
     return [(float(a), float(b)) for a, b in zip(frame["ttft_s"], frame["e2e_s"], strict=True)]
+
+
+def token_times(store: Engine, run_id: int) -> list[tuple[int, float, list[float]]]:
+    """A run's answered requests as (prompt tokens, first token's wall-clock time, gaps
+    before each later token in seconds): the steps behind them can be read back."""
+    with store.connect() as conn:
+        rows = conn.execute(
+            select(RequestRecord.prompt_tokens, RequestRecord.first_token_ts, RequestRecord.itl_ms)
+            .where(
+                RequestRecord.run_id == run_id,
+                RequestRecord.status == "ok",
+                RequestRecord.prompt_tokens.is_not(None),
+                RequestRecord.first_token_ts.is_not(None),
+            )
+            .order_by(RequestRecord.seq)
+        ).all()
+    return [(int(p), float(t), [g / 1000.0 for g in gaps or []]) for p, t, gaps in rows]

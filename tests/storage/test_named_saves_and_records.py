@@ -110,3 +110,22 @@ def test_replayed_requests_and_their_latencies_line_up(store: Engine) -> None:
     latencies = q.replayed_latencies(store, run.id)
     flat = [x for pair in latencies for x in pair]
     assert len(latencies) == 3 and flat == pytest.approx([0.1, 1.0, 0.3, 1.2, 0.5, 2.0])
+
+
+def test_token_times_are_the_answered_requests_gaps_in_seconds(store: Engine) -> None:
+    """What the steps are read back from: each answered request's prompt, first token and
+    gaps (stored in milliseconds, read in seconds); failed requests are left out."""
+    tid = q.add_target(store, q.parse_target({"name": "t", "base_url": "http://h"})).id
+    run = q.request_run(store, "latency", {}, target_id=tid)
+    with transaction(store) as s:
+        for seq, (status, first, gaps) in enumerate(
+            [("ok", 1.5, [2.0, 3.5]), ("error", None, []), ("ok", 1.2, [])]
+        ):
+            s.add(
+                RequestRecord(
+                    run_id=run.id, seq=seq, scheduled_ts=1.0, sent_ts=1.0,
+                    first_token_ts=first, end_ts=first, prompt_tokens=256, output_tokens=3,
+                    status=status, itl_ms=gaps,
+                )
+            )  # fmt: skip
+    assert q.token_times(store, run.id) == [(256, 1.5, [0.002, 0.0035]), (256, 1.2, [])]
