@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.simulator import ENGINE, medians, probe_runner, started_config
+from benchmarks.simulator import ENGINE, probe_runner, started_config, tune_figures
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_SHARE,
@@ -46,7 +46,7 @@ def main() -> None:
             run_id, s = run("latency", dict(LOAD_PARAMS, rate=rate))
             requests = replay(q.replayable(worker.store, run_id))
             loaded = LoadRun.model_validate(s)
-            tpot, ttft = medians(loaded, rate)
+            tpot, ttft = tune_figures(loaded, rate)
             tuned = tune(fitted, requests, rate, tpot, ttft)
             found.setdefault(share, []).append(tuned.load_scale)
             queue = loaded.queue_mean_s

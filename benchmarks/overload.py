@@ -22,19 +22,22 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Engine
 
 from benchmarks.engine import cpu_seconds, proc_label
-from benchmarks.simulator import ENGINE, FIXED, calibrate, calibrated, started_config
-from planner.simulate.calibrate import Calibration
+from benchmarks.simulator import ENGINE, FIXED, calibrated, probe_runner, started_config
+from planner.simulate.calibrate import SWEEP_CONTEXT, Calibration, Sweep
 from planner.simulate.engine import EngineConfig, SimRequest, simulate
 from planner.simulate.steps import TokenTimes, observed_steps
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
 from probes.engine import group_pids
+from probes.kinds import calibration
 from probes.kinds.latency import Measurement
 from storage import queries as q
 from tests.support import injection
@@ -71,9 +74,11 @@ def main() -> None:
     predicted: list[str] = []
     step_table: list[str] = []
     with injection.diag_worker(venv, ENGINE) as (worker, request):
-        cal = calibrate(worker, request) if args.predict else None
-        if cal is not None:
+        cal = None
+        if args.predict:
+            cal, sweep = calibrate_keeping_sweep(worker, request)
             print(cal.describe(), flush=True)
+            print(full_batch(sweep, cal, started_config(worker)), flush=True)
         for rate in args.rates:
             engine_pid = worker.engines[injection.NAME].state.pid
             if engine_pid is None:
@@ -132,6 +137,38 @@ def main() -> None:
         )
         print("|---|---|---|---|---|")
         print("\n".join(predicted))
+
+
+def calibrate_keeping_sweep(worker: Any, request: injection.Request) -> tuple[Calibration, Sweep]:
+    """As `kvscope simulate calibrate` does, keeping the batch sweep it measured."""
+    run = probe_runner(request, "the calibration's")
+    sweeps: list[Sweep] = []
+
+    def keeping(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        run_id, summary = run(kind, params)
+        if kind == "batch_sweep":
+            sweeps.append(Sweep.model_validate(summary))
+        return run_id, summary
+
+    return calibration.calibrate(worker.store, keeping, started_config(worker)), sweeps[0]
+
+
+def full_batch(sweep: Sweep, cal: Calibration, config: EngineConfig) -> str:
+    """The sweep's closed loop at its highest concurrency against the calibrated
+    simulator's: requests completed a second, and TPOT p50 and mean."""
+    top = max(sweep.steps, key=lambda x: x.concurrency)
+    prompt, output = SWEEP_CONTEXT
+    backlog = [SimRequest(0.0, prompt, output) for _ in range(40 * top.concurrency)]
+    closed = replace(config, max_num_seqs=top.concurrency)
+    done = [r for r in simulate(backlog, closed, cal.cost()) if r.e2e_s is not None]
+    rate = len(done) / max(r.e2e_s or 0.0 for r in done)
+    tpots = [r.tpot_s for r in done if r.tpot_s is not None]
+    return (
+        f"the sweep's closed loop at concurrency {top.concurrency}: "
+        f"{top.requests_per_s or 0:.1f} req/s, TPOT p50 {_ms(top.tpot_s.p50, 2)} ms, mean "
+        f"{_ms(top.tpot_s.mean, 2)} ms; the calibrated simulator's: {rate:.1f} req/s, TPOT "
+        f"p50 {_ms(float(np.median(tpots)), 2)} ms, mean {_ms(float(np.mean(tpots)), 2)} ms"
+    )
 
 
 # A kind of step is listed where the run had at least this many of it.

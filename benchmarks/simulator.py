@@ -86,12 +86,12 @@ def started_config(worker: Worker) -> EngineConfig:
     return engine_config(spec, worker.settings.data_dir)
 
 
-def medians(loaded: LoadRun, rate: float) -> tuple[float, float]:
-    """A latency run's (TPOT p50, TTFT p50), what a tune fits to; stops the benchmark when
+def tune_figures(loaded: LoadRun, rate: float) -> tuple[float, float]:
+    """A latency run's (TPOT mean, TTFT p50), what a tune fits to; stops the benchmark when
     no request had two tokens."""
-    if loaded.medians is None:
+    if loaded.tune_figures is None:
         raise SystemExit(f"the run at {rate:g} req/s had no request with two tokens to tune on")
-    return loaded.medians
+    return loaded.tune_figures
 
 
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
@@ -252,7 +252,10 @@ def measure(
     bare = predict(replace(scenario, noise=(), speed=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run), the host's noise kept.
-    own = tune(cal, traffic, rate, *medians(LoadRun.model_validate(run.summary), rate))
+    own = tune(
+        cal, traffic, rate, *tune_figures(LoadRun.model_validate(run.summary), rate),
+        steps=calibration.steps_of(worker.store, run.id),
+    )  # fmt: skip
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)
     recent = None if again is None else _drawn(calibrated(base, again), rate, traffic)

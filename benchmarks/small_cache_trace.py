@@ -16,9 +16,9 @@ from benchmarks.simulator import (
     ENGINE,
     SMALL_KV,
     WORKLOADS,
-    medians,
     probe_runner,
     started_config,
+    tune_figures,
 )
 from planner.simulate import simulate
 from planner.simulate.calibrate import LoadRun, tune
@@ -52,7 +52,7 @@ def main() -> None:
         measured = q.replayed_latencies(worker.store, run_id)
         t0 = rows[0][0]
         requests = replay(rows)
-        own = tune(fitted, requests, args.rate, *medians(LoadRun.model_validate(s), args.rate))
+        own = tune(fitted, requests, args.rate, *tune_figures(LoadRun.model_validate(s), args.rate))
         results = {id(r.request): r for r in simulate(requests, config, own.cost())}
         target = q.get_target(worker.store, injection.NAME).id
         end = t0 + max(r.arrival_s + e2e for r, (_, e2e) in zip(requests, measured, strict=True))

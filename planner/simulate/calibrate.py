@@ -37,6 +37,7 @@ from planner.simulate.engine import (
     pairs_of,
     simulate,
 )
+from planner.simulate.steps import ObservedStep
 
 # Where a target's calibration is kept (the store's published facts), by target name.
 CALIBRATION_KEY = "calibration:{}"
@@ -120,9 +121,12 @@ class LoadRun(_Read):
     engine: _EngineQueue | None = None
 
     @property
-    def medians(self) -> tuple[float, float] | None:
-        """(TPOT p50, TTFT p50), what a tune fits to; None when no request had two tokens."""
-        tpot, ttft = self.tpot_s.p50, self.ttft_s.p50
+    def tune_figures(self) -> tuple[float, float] | None:
+        """(TPOT mean, TTFT p50), what a tune fits to; None when no request had two tokens.
+        The mean, not the median: the engine's throughput, and so its queue past the knee,
+        follows its mean step, and a shared host's stalls lengthen the mean where the median
+        does not see them (the TPOT p50 of older summaries where the mean is missing)."""
+        tpot, ttft = self.tpot_s.mean or self.tpot_s.p50, self.ttft_s.p50
         return None if tpot is None or ttft is None else (tpot, ttft)
 
     @property
@@ -220,6 +224,11 @@ class Calibration(BaseModel):
     # TPOT median of the requests decoding in it over the tuned replay's, over their median.
     # A prediction draws its windows from these.
     speed: list[float] = Field(default_factory=list)
+    # The quiet fit's rows (steps, tokens, sequences, pairs, API) and medians, to fit again
+    # with a tuning run's steps (`on_steps`), and how many kinds of those steps it was.
+    quiet_rows: list[list[float]] = Field(default_factory=list)
+    quiet_s: list[float] = Field(default_factory=list)
+    step_kinds: int = 0
 
     def cost(self) -> StepCost:
         k = self.load_scale
@@ -258,6 +267,8 @@ class Calibration(BaseModel):
             if self.tuned_rate is not None
             else ""
         )
+        if self.step_kinds:
+            tuned += f", fitted again with {self.step_kinds} kinds of its steps"
         if self.noise:
             ttft = np.quantile([t for t, _ in self.noise], [0.5, 0.99]) * 1000
             tuned += (
@@ -354,18 +365,17 @@ def fit(
     for prompt in sorted({p.prompt_tokens for p in prefills}):
         rows.append(_prefill_row(prompt, config))
         y.append(float(np.median([p.ttft_s for p in prefills if p.prompt_tokens == prompt])))
-    x, ys = np.asarray(rows), np.asarray(y)
-    beta = _nonnegative_fit(x / ys[:, None], np.ones_like(ys))
-    ratio = ys / (x @ beta) - 1.0
-    low, high = np.quantile(ratio, [0.1, 0.9])
+    beta, low, high = _solved(rows, y)
     return Calibration(
         overhead_s=float(beta[0]),
         token_s=float(beta[1]),
         seq_s=float(beta[2]),
         pair_s=float(beta[3]),
         api_s=float(beta[4]),
-        residual_low=float(low),
-        residual_high=float(high),
+        residual_low=low,
+        residual_high=high,
+        quiet_rows=rows,
+        quiet_s=y,
         samples=len(decodes) + len(prefills),
         max_prompt=max(p.prompt_tokens for p in prefills),
         max_batch=max(d.batch for d in decodes),
@@ -389,6 +399,74 @@ def quiet_fit(
     """The fit of a calibration's first two measurements: a batch sweep's result and lone
     requests' (prompt tokens, TTFT) records."""
     return fit(decode_samples(sweep), sweep_prefills(sweep) + prefill_samples(lone), config)
+
+
+def _solved(rows: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[np.ndarray, float, float]:
+    """The coefficients that best explain `y` from `rows` (relative least squares, each
+    non-negative), and the 10th and 90th percentiles of measured / fitted - 1."""
+    x, ys = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    beta = _nonnegative_fit(x / ys[:, None], np.ones_like(ys))
+    low, high = np.quantile(ys / (x @ beta) - 1.0, [0.1, 0.9])
+    return beta, float(low), float(high)
+
+
+# Steps of one kind (requests decoding, prefills finished) a refit needs to read that kind.
+STEP_KIND_MIN = 20
+
+
+def step_rows(
+    steps: Iterable[ObservedStep], config: EngineConfig
+) -> list[tuple[list[float], float, bool]]:
+    """The fit's rows from steps read back from a run's token times: one per kind of step
+    (requests decoding, prompts whose prefill it finished) seen STEP_KIND_MIN times, its
+    features' mean and its median length, and whether it finished a prefill."""
+    kinds: dict[tuple[int, tuple[int, ...]], list[ObservedStep]] = {}
+    for step in steps:
+        if step.seconds is not None and step.seconds > 0:
+            kinds.setdefault((step.decodes, tuple(sorted(step.prefills))), []).append(step)
+    out = []
+    for (_, prefills), same in sorted(kinds.items()):
+        if len(same) >= STEP_KIND_MIN:
+            features = np.mean([s.features(config) for s in same], axis=0)
+            seconds = float(np.median([s.seconds for s in same if s.seconds is not None]))
+            out.append(([1.0, *features.tolist(), 0.0], seconds, bool(prefills)))
+    return out
+
+
+def on_steps(calibration: Calibration, steps: Iterable[ObservedStep]) -> Calibration:
+    """The quiet fit made again with the steps of a run under load beside its own rows.
+    A lone prompt's TTFT is the API's time plus its prefill, and the quiet fit cannot tell
+    the two apart well; a step that finishes a prefill among decodes measures the
+    prefill's cost alone (on the CPU engine the quiet fit had a 256-token prefill at about
+    half what such steps took). The steps ran under load: they are first brought to the
+    quiet fit's speed (the median ratio of their decode-only kinds to it), and the tune's
+    scale puts the load back. Unchanged without the quiet rows (a calibration stored
+    before they were kept) or without two decode-only kinds and one that finished a
+    prefill."""
+    config = calibration.config()
+    rows = step_rows(steps, config)
+    plain = [(row, y) for row, y, prefill in rows if not prefill]
+    if not calibration.quiet_rows or len(plain) < 2 or len(plain) == len(rows):
+        return calibration
+    quiet = np.array([calibration.overhead_s, calibration.token_s, calibration.seq_s,
+                      calibration.pair_s, calibration.api_s])  # fmt: skip
+    load = float(np.median([y / float(np.dot(row, quiet)) for row, y in plain]))
+    beta, low, high = _solved(
+        [*calibration.quiet_rows, *(row for row, _, _ in rows)],
+        [*calibration.quiet_s, *(y / load for _, y, _ in rows)],
+    )
+    return calibration.model_copy(
+        update={
+            "overhead_s": float(beta[0]),
+            "token_s": float(beta[1]),
+            "seq_s": float(beta[2]),
+            "pair_s": float(beta[3]),
+            "api_s": float(beta[4]),
+            "residual_low": low,
+            "residual_high": high,
+            "step_kinds": len(rows),
+        }
+    )
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -430,9 +508,9 @@ LOAD_TRIES = 3
 
 def tuning_refused(run: LoadRun) -> str | None:
     """Why an open-loop run cannot be tuned on, or None."""
-    if run.medians is None:
+    if run.tune_figures is None:
         return "had no request answered with two tokens or more"
-    queue, ttft = run.queue_mean_s, run.medians[1]
+    queue, ttft = run.queue_mean_s, run.tune_figures[1]
     if queue is not None and ttft and queue >= QUEUED_SHARE * ttft:
         return (
             f"queued: {queue * 1000:,.0f} ms in the engine's queue on average against a TTFT "
@@ -452,17 +530,21 @@ def tune(
     calibration: Calibration,
     requests: Sequence[SimRequest],
     rate: float,
-    tpot_p50_s: float,
+    tpot_mean_s: float,
     ttft_p50_s: float,
     measured: Sequence[tuple[float, float]] | None = None,
+    steps: Iterable[ObservedStep] | None = None,
 ) -> Calibration:
-    """The calibration under load: the one step-cost scale at which a replay of an
-    open-loop run's own requests gives its measured TPOT p50, then the API time that gives
-    its TTFT p50. A quiet closed loop and lone requests miss what load adds on a shared
-    machine (the API server and the client taking CPU from the engine's steps). With each
-    request's measured (TTFT, E2E), in the order of `requests`, the host's speed window by
-    window (`host_speed`), and what the tuned replay at that speed does not explain is kept
-    as the host's noise."""
+    """The calibration under load: with the run's `steps` (read back from its token
+    times), the quiet fit made again beside them (`on_steps`); then the one step-cost scale
+    at which a replay of an open-loop run's own requests gives its measured TPOT mean
+    (`LoadRun.tune_figures`), then the API time that gives its TTFT p50. A quiet closed
+    loop and lone requests miss what load adds on a shared machine (the API server and the
+    client taking CPU from the engine's steps). With each request's measured (TTFT, E2E),
+    in the order of `requests`, the host's speed window by window (`host_speed`), and what
+    the tuned replay at that speed does not explain is kept as the host's noise."""
+    if steps is not None:
+        calibration = on_steps(calibration, steps)
     config = calibration.config()
     if measured is not None and len(measured) != len(requests):
         raise InvalidInput(
@@ -474,7 +556,8 @@ def tune(
         results = simulate(requests, config, cost, speed=speed)
         return {id(r.request): r for r in results if not r.refused}
 
-    def medians(results: dict[int, RequestResult]) -> tuple[float, float]:
+    def figures(results: dict[int, RequestResult]) -> tuple[float, float]:
+        """The replay's (TPOT mean, TTFT p50)."""
         tpots, ttfts = [], []
         for r in results.values():
             if r.tpot_s is not None:
@@ -483,18 +566,18 @@ def tune(
                 ttfts.append(r.ttft_s)
         if not tpots or not ttfts:
             raise InvalidInput("the open-loop run has no request with two tokens to tune on")
-        return float(np.median(tpots)), float(np.median(ttfts))
+        return float(np.mean(tpots)), float(np.median(ttfts))
 
     low, high = 0.25, 8.0
     for _ in range(40):  # bisection on log scale: TPOT grows with the step cost
         mid = math.sqrt(low * high)
-        if medians(replayed(mid))[0] < tpot_p50_s:
+        if figures(replayed(mid))[0] < tpot_mean_s:
             low = mid
         else:
             high = mid
     scale = math.sqrt(low * high)
     results = replayed(scale)
-    api_s = ttft_p50_s - medians(results)[1]  # the API's time under load: request_s
+    api_s = ttft_p50_s - figures(results)[1]  # the API's time under load: request_s
     noise: list[tuple[float, float]] = []
     speed: list[float] = []
     if measured is not None:
@@ -525,9 +608,10 @@ def host_speed(
 ) -> tuple[list[float], HostSpeed | None]:
     """The host's speed in an open-loop run, window by window: for the requests that began
     decoding in each SPEED_WINDOW_S window (SPEED_MIN_REQUESTS at least), their measured
-    TPOT median over the replay's, scaled so that the windows' median is 1 (the tuning
-    already matched the run's TPOT median). Also the run's own speed in order, to replay it
-    with (None when no window had enough requests)."""
+    TPOT median over the replay's, scaled so that the windows' mean is 1 (the tuning
+    already matched the run's TPOT mean: drawn windows spread the steps around it, they do
+    not slow them again). Also the run's own speed in order, to replay it with (None when
+    no window had enough requests)."""
     windows: dict[int, tuple[list[float], list[float]]] = {}
     for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
         r = replayed.get(id(req))
@@ -544,9 +628,9 @@ def host_speed(
     }
     if not ratios:
         return [], None
-    middle = float(np.median(list(ratios.values())))
+    middle = float(np.mean(list(ratios.values())))
     factors = {i: ratio / middle for i, ratio in ratios.items()}
-    # In order, a window without enough requests at the median's speed, and so past the
+    # In order, a window without enough requests at the mean speed, and so past the
     # run for as long again as it lasted (the queue's drain).
     windows_run = 2 * max(max(factors), int(requests[-1].arrival_s // SPEED_WINDOW_S)) + 2
     in_order = tuple(factors.get(i, 1.0) for i in range(windows_run))

@@ -2,8 +2,10 @@
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
 open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
 while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune alone
-again. A sweep whose answers reached the client in bursts is refused (`bursts`): its timings
-say nothing of the engine's steps."""
+again. The tune also reads the engine's steps back from the open-loop run's token times and
+fits on them beside the quiet measurements (`planner.simulate.calibrate.on_steps`). A sweep
+whose answers reached the client in bursts is refused (`bursts`): its timings say nothing of
+the engine's steps."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from planner.simulate.calibrate import (
     tune,
     tuning_refused,
 )
+from planner.simulate.steps import ObservedStep, TokenTimes, observed_steps
 from planner.simulate.whatif import replay
 from storage import queries as q
 
@@ -97,6 +100,11 @@ def retune(
     return _tuned(store, run, stored, rate, seed, say)
 
 
+def steps_of(store: Engine, run_id: int) -> list[ObservedStep]:
+    """The engine's steps behind a run's answers, read back from their token times."""
+    return observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id)).steps
+
+
 def _tuned(
     store: Engine,
     run: RunProbe,
@@ -112,13 +120,14 @@ def _tuned(
         load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate, seed=seed + attempt))
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
-        if why is None and loaded.medians is not None:  # (refused without them)
+        if why is None and loaded.tune_figures is not None:  # (refused without them)
             return tune(
                 fitted,
                 replay(q.replayable(store, load_id)),
                 rate,
-                *loaded.medians,
+                *loaded.tune_figures,
                 q.replayed_latencies(store, load_id),
+                steps_of(store, load_id),
             )
         refused.append(f"at {rate:g} req/s it {why}")
         say(f"the open-loop run to tune on {refused[-1]}; again at half the rate")
