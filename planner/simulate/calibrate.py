@@ -221,7 +221,7 @@ class Calibration(BaseModel):
     # adds one of these to each request.
     noise: list[tuple[float, float]] = Field(default_factory=list)
     # The host's speed in that run, window by window (SPEED_WINDOW_S each): the measured
-    # TPOT median of the requests decoding in it over the tuned replay's, over their median.
+    # TPOT median of the requests decoding in it over the tuned replay's, over their mean.
     # A prediction draws its windows from these.
     speed: list[float] = Field(default_factory=list)
     # The quiet fit's rows (steps, tokens, sequences, pairs, API) and medians, to fit again

@@ -51,13 +51,15 @@ class ObservedStep:
 
     def features(self, config: EngineConfig) -> tuple[int, int, int]:
         """(tokens, sequences, attention pairs) as `StepCost.step_s` takes them; a prefill
-        longer than what the step's budget left counts its last chunk only."""
+        longer than what the step's budget left (after the decodes and the prefills before
+        it) counts its last chunk only."""
         tokens, pairs = self.decodes, self.decode_pairs
         room = max(config.max_num_batched_tokens - self.decodes, 1)
         for prompt in self.prefills:
             chunk = min(prompt, room)
             tokens += chunk
             pairs += pairs_of(chunk, prompt - chunk)
+            room = max(room - chunk, 1)
         return tokens, self.decodes + len(self.prefills), pairs
 
     def modelled_s(self, cost: StepCost, config: EngineConfig) -> float:

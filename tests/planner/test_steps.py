@@ -65,6 +65,9 @@ def test_a_step_is_modelled_with_its_prefill_chunk_within_the_budget() -> None:
     tokens, seqs, pairs = step.features(config)
     assert (tokens, seqs) == (7 + 505, 8)
     assert pairs == 7 * 300 + 505 * 95 + 505 * 506 // 2
+    # Two prefills finished in one step share what the decodes left of the budget.
+    two = ObservedStep(at_s=0.0, seconds=0.01, decodes=7, decode_pairs=0, prefills=(300, 300))
+    assert two.features(config)[:2] == (7 + 300 + 205, 9)
     assert step.modelled_s(cost, config) == pytest.approx(
         0.001 + tokens * 1e-5 + seqs * 1e-4 + pairs * 1e-8
     )
