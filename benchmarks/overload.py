@@ -22,18 +22,19 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from sqlalchemy import Engine
 
 from benchmarks.engine import cpu_seconds, proc_label
 from benchmarks.simulator import ENGINE, FIXED, calibrated, probe_runner, started_config
 from planner.simulate.calibrate import SWEEP_CONTEXT, Calibration, Sweep
 from planner.simulate.engine import EngineConfig, SimRequest, simulate
-from planner.simulate.steps import TokenTimes, observed_steps
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
 from probes.engine import group_pids
@@ -74,11 +75,12 @@ def main() -> None:
     predicted: list[str] = []
     step_table: list[str] = []
     with injection.diag_worker(venv, ENGINE) as (worker, request):
+        config = started_config(worker)
         cal = None
         if args.predict:
-            cal, sweep = calibrate_keeping_sweep(worker, request)
+            cal, sweep = calibrate_keeping_sweep(worker, request, config)
             print(cal.describe(), flush=True)
-            print(full_batch(sweep, cal, started_config(worker)), flush=True)
+            print(full_batch(sweep, cal, config), flush=True)
         for rate in args.rates:
             engine_pid = worker.engines[injection.NAME].state.pid
             if engine_pid is None:
@@ -108,16 +110,16 @@ def main() -> None:
                 + " |",
                 flush=True,
             )  # fmt: skip
-            step_table += step_rows(worker.store, run.id, rate, started_config(worker), cal)
+            step_table += step_rows(worker.store, run.id, rate, config, cal)
             if cal is not None:
                 traffic = replay(q.replayable(worker.store, run.id))
                 base = Scenario(
-                    config=started_config(worker), cost=cal.cost(),
+                    config=config, cost=cal.cost(),
                     profile=parse_profile(FIXED), requests=len(traffic), arrival="poisson",
                     source="calibrated",
                 )  # fmt: skip
                 p = predict(calibrated(base, cal), rate, 0, requests=traffic)
-                sim = simulated_served(traffic, cal, started_config(worker))
+                sim = simulated_served(traffic, cal, config)
                 predicted.append(
                     f"| {rate:g} | {_ms(m.ttft_s.p50)}, {_ms(m.ttft_s.p99)} | "
                     f"{_ms(p.ttft_s.p50)}, {_ms(p.ttft_s.p99)} | "
@@ -139,7 +141,9 @@ def main() -> None:
         print("\n".join(predicted))
 
 
-def calibrate_keeping_sweep(worker: Any, request: injection.Request) -> tuple[Calibration, Sweep]:
+def calibrate_keeping_sweep(
+    worker: Any, request: injection.Request, config: EngineConfig
+) -> tuple[Calibration, Sweep]:
     """As `kvscope simulate calibrate` does, keeping the batch sweep it measured."""
     run = probe_runner(request, "the calibration's")
     sweeps: list[Sweep] = []
@@ -150,7 +154,7 @@ def calibrate_keeping_sweep(worker: Any, request: injection.Request) -> tuple[Ca
             sweeps.append(Sweep.model_validate(summary))
         return run_id, summary
 
-    return calibration.calibrate(worker.store, keeping, started_config(worker)), sweeps[0]
+    return calibration.calibrate(worker.store, keeping, config), sweeps[0]
 
 
 def full_batch(sweep: Sweep, cal: Calibration, config: EngineConfig) -> str:
@@ -182,11 +186,12 @@ def step_rows(
     finished), each kind's count, median and mean length, and the calibrated cost's median;
     then the run's measured step time over the calibrated cost's for the same steps (the
     mean counts the stalls a median hides)."""
-    seen = observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id))
+    seen = calibration.steps_of(store, run_id)
+    cost = cal.cost() if cal is not None else None
     kinds: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for s in seen.steps:
         if s.seconds is not None:
-            model = s.modelled_s(cal.cost(), config) if cal is not None else float("nan")
+            model = s.modelled_s(cost, config) if cost is not None else float("nan")
             kinds.setdefault((s.decodes, len(s.prefills)), []).append((s.seconds, model))
     rows = []
     for (decodes, prefills), got in sorted(kinds.items()):
@@ -209,32 +214,37 @@ def step_rows(
 
 
 def simulated_served(
-    traffic: list[SimRequest], cal: Calibration, config: EngineConfig, settle_s: float = 10.0
+    traffic: list[SimRequest], cal: Calibration, config: EngineConfig
 ) -> float | None:
     """`served_while_arriving` of the calibrated simulator's replay of `traffic` (one
     run, the host at its median speed)."""
-    start, end = traffic[0].arrival_s + settle_s, traffic[-1].arrival_s
-    if end <= start:
-        return None
     done = [
         r.request.arrival_s + r.e2e_s + cal.request_s
         for r in simulate(traffic, config, cal.cost())
         if r.e2e_s is not None
     ]
-    return sum(start <= t <= end for t in done) / (end - start)
+    return served_rate([r.arrival_s for r in traffic], done)
 
 
-def served_while_arriving(store: Engine, run_id: int, settle_s: float = 10.0) -> float | None:
-    """Answers finished from `settle_s` after the first send to the last send, a second."""
+def served_while_arriving(store: Engine, run_id: int) -> float | None:
+    """Answers the engine finished while the arrivals lasted, a second (`served_rate`)."""
     frame = q.run_records(store, run_id)
     frame = frame[frame["status"] == "ok"]
-    if frame.empty:
+    return served_rate(frame["scheduled_ts"], frame["scheduled_ts"] + frame["e2e_s"])
+
+
+def served_rate(
+    sent: Sequence[float] | pd.Series, done: Sequence[float] | pd.Series, settle_s: float = 10.0
+) -> float | None:
+    """Answers finished from `settle_s` after the first send to the last send, a second
+    (None when the sends spanned no more than that)."""
+    if not len(sent):
         return None
-    start, end = frame["scheduled_ts"].min() + settle_s, frame["scheduled_ts"].max()
-    done = frame["scheduled_ts"] + frame["e2e_s"]
+    start, end = float(np.min(sent)) + settle_s, float(np.max(sent))
     if end <= start:
         return None
-    return float(((done >= start) & (done <= end)).sum() / (end - start))
+    finished = np.asarray(done, dtype=float)
+    return float(((finished >= start) & (finished <= end)).sum() / (end - start))
 
 
 def _ms(seconds: float | None, digits: int = 0) -> str:

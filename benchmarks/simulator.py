@@ -254,7 +254,7 @@ def measure(
     # on this run (as the calibration tunes on its own run), the host's noise kept.
     own = tune(
         cal, traffic, rate, *tune_figures(LoadRun.model_validate(run.summary), rate),
-        steps=calibration.steps_of(worker.store, run.id),
+        steps=calibration.steps_of(worker.store, run.id).steps,
     )  # fmt: skip
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)

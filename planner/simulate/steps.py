@@ -97,8 +97,9 @@ def observed_steps(requests: Iterable[TokenTimes], same_step_s: float | None = N
         return Steps([], 0, None)
     typical = float(np.median(positive))
     tolerance = SAME_STEP_SHARE * typical if same_step_s is None else same_step_s
-    order = np.argsort(np.asarray(times), kind="stable")
-    at_sorted = np.asarray(times)[order]
+    every = np.asarray(times)
+    order = np.argsort(every, kind="stable")
+    at_sorted = every[order]
     # A new bunch wherever the next token is further than the tolerance from the last.
     starts = np.flatnonzero(np.diff(at_sorted, prepend=-np.inf) > tolerance)
     ends = np.append(starts[1:], len(order))

@@ -32,7 +32,7 @@ from planner.simulate.calibrate import (
     tune,
     tuning_refused,
 )
-from planner.simulate.steps import ObservedStep, TokenTimes, observed_steps
+from planner.simulate.steps import Steps, TokenTimes, observed_steps
 from planner.simulate.whatif import replay
 from storage import queries as q
 
@@ -100,9 +100,9 @@ def retune(
     return _tuned(store, run, stored, rate, seed, say)
 
 
-def steps_of(store: Engine, run_id: int) -> list[ObservedStep]:
+def steps_of(store: Engine, run_id: int) -> Steps:
     """The engine's steps behind a run's answers, read back from their token times."""
-    return observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id)).steps
+    return observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id))
 
 
 def _tuned(
@@ -127,7 +127,7 @@ def _tuned(
                 rate,
                 *loaded.tune_figures,
                 q.replayed_latencies(store, load_id),
-                steps_of(store, load_id),
+                steps_of(store, load_id).steps,
             )
         refused.append(f"at {rate:g} req/s it {why}")
         say(f"the open-loop run to tune on {refused[-1]}; again at half the rate")
