@@ -229,6 +229,10 @@ class Calibration(BaseModel):
     quiet_rows: list[list[float]] = Field(default_factory=list)
     quiet_s: list[float] = Field(default_factory=list)
     step_kinds: int = 0
+    # Past the knee (an open-loop run at `saturated_rate`, `saturate`), each step taken
+    # while requests wait lasts `queued_scale` times the tuned cost; 1 and None unmeasured.
+    queued_scale: float = Field(1.0, ge=1)
+    saturated_rate: float | None = None
 
     def cost(self) -> StepCost:
         k = self.load_scale
@@ -240,6 +244,7 @@ class Calibration(BaseModel):
             additive=True,
             seq_s=self.seq_s * k,
             pair_s=self.pair_s * k,
+            queued=self.queued_scale,
         )
 
     @property
@@ -269,6 +274,11 @@ class Calibration(BaseModel):
         )
         if self.step_kinds:
             tuned += f", fitted again with {self.step_kinds} kinds of its steps"
+        if self.saturated_rate is not None:
+            tuned += (
+                f"; past the knee (an open-loop run at {self.saturated_rate:g} req/s) steps "
+                f"x{self.queued_scale:.2f} while requests wait"
+            )
         if self.noise:
             ttft = np.quantile([t for t, _ in self.noise], [0.5, 0.99]) * 1000
             tuned += (
@@ -601,6 +611,48 @@ def tune(
     )
 
 
+# The open-loop run past the knee a calibration measures the queue's stalls on (`saturate`):
+# this share of the capacity, long enough for a few hundred requests to wait.
+SATURATED_SHARE = 1.5
+SATURATED_PARAMS: dict[str, Any] = dict(LOAD_PARAMS, duration_s=15.0, seed=23)
+QUEUED_MAX = 4.0
+
+
+def saturate(
+    calibration: Calibration, requests: Sequence[SimRequest], rate: float, tpot_mean_s: float
+) -> Calibration:
+    """The tuned calibration past the knee: the `queued_scale` at which a replay of an
+    open-loop run past the engine's capacity (its own requests) gives its measured TPOT
+    mean. The tuning run rarely queues; past the knee the CPU engine's full-batch steps
+    kept their median but their mean grew by a quarter to two fifths (stalls: its core
+    got 0.84-0.88 of a CPU beside an API server and a client busy with the queue), and the
+    simulator without them served 6-19 % more than the engine. At least 1 (a run that
+    met no stalls keeps the tune), at most QUEUED_MAX."""
+    config = calibration.config()
+
+    def tpot_mean(queued: float) -> float:
+        cost = calibration.model_copy(update={"queued_scale": queued}).cost()
+        tpots = [r.tpot_s for r in simulate(requests, config, cost) if r.tpot_s is not None]
+        if not tpots:
+            raise InvalidInput("the run past the knee has no request with two tokens")
+        return float(np.mean(tpots))
+
+    if tpot_mean(1.0) >= tpot_mean_s:
+        queued = 1.0
+    elif tpot_mean(QUEUED_MAX) <= tpot_mean_s:
+        queued = QUEUED_MAX
+    else:
+        low, high = 1.0, QUEUED_MAX
+        for _ in range(30):  # bisection on log scale: TPOT grows with the queued steps' cost
+            mid = math.sqrt(low * high)
+            if tpot_mean(mid) < tpot_mean_s:
+                low = mid
+            else:
+                high = mid
+        queued = math.sqrt(low * high)
+    return calibration.model_copy(update={"queued_scale": queued, "saturated_rate": rate})
+
+
 def host_speed(
     requests: Sequence[SimRequest],
     replayed: Mapping[int, RequestResult],
@@ -638,12 +690,22 @@ def host_speed(
 
 
 def load_rate(calibration: Calibration, sweep: Sweep | None = None) -> float:
-    """The rate of the open-loop run to tune on: LOAD_SHARE of what the quiet fit says the
-    engine completes with every slot full, rounded to what a person would type. With the
-    batch sweep's summary, of no more than the most requests a second it completed (its
-    requests are the tuning run's shape): the fit counts the engine's steps only, and on a
-    shared machine the API server and the client may not keep up with them (a quiet fit of
-    the 4-slot CPU engine once said 352 req/s where the sweep completed 30)."""
+    """The rate of the open-loop run to tune on: LOAD_SHARE of `capacity_estimate`, rounded
+    to what a person would type."""
+    return round(LOAD_SHARE * capacity_estimate(calibration, sweep), 2)
+
+
+def saturated_rate(calibration: Calibration, sweep: Sweep | None = None) -> float:
+    """The rate of the open-loop run past the knee: SATURATED_SHARE of `capacity_estimate`."""
+    return round(SATURATED_SHARE * capacity_estimate(calibration, sweep), 2)
+
+
+def capacity_estimate(calibration: Calibration, sweep: Sweep | None = None) -> float:
+    """Requests a second the engine completes with every slot full, as the fit says. With
+    the batch sweep's summary, no more than the most it completed (its requests are the
+    open-loop runs' shape): the fit counts the engine's steps only, and on a shared machine
+    the API server and the client may not keep up with them (a quiet fit of the 4-slot CPU
+    engine once said 352 req/s where the sweep completed 30)."""
     from planner.simulate.whatif import Scenario, capacity_rps
     from planner.workload import parse_profile
 
@@ -654,4 +716,4 @@ def load_rate(calibration: Calibration, sweep: Sweep | None = None) -> float:
     measured = [x.requests_per_s or 0.0 for x in sweep.steps] if sweep is not None else []
     if max(measured, default=0.0) > 0:
         capacity = min(capacity, max(measured))
-    return round(LOAD_SHARE * capacity, 2)
+    return capacity

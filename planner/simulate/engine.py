@@ -87,7 +87,10 @@ class StepCost:
     weights once, the KV of every token attended) and computing (per token scheduled), or
     with `additive` their sum (a calibrated fit: on a CPU, neither hides the other); plus a
     cost per sequence scheduled (sampling, detokenising, streaming its token) and per
-    attention pair (a query token against a cached one: a long prefill's quadratic part)."""
+    attention pair (a query token against a cached one: a long prefill's quadratic part).
+    `queued`: each step taken while requests wait that the step could not admit lasts that
+    many times as long. Past the knee a shared host's API server and client, busy with the
+    queue, take CPU from the engine (a calibration measures it, `saturate`; 1 elsewhere)."""
 
     overhead_s: float
     weights_read_s: float
@@ -96,6 +99,7 @@ class StepCost:
     additive: bool = False
     seq_s: float = 0.0
     pair_s: float = 0.0
+    queued: float = 1.0
 
     def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
         """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
@@ -135,6 +139,7 @@ class StepCost:
             self.additive,
             self.seq_s * k,
             self.pair_s * k,
+            self.queued,  # (a ratio of step times: the same on a slower host)
         )
 
 
@@ -559,6 +564,11 @@ class _Engine:
                 continue
             yield from self.end_of_step()
 
+    def pace(self) -> float:
+        """How many times its cost the step now being taken lasts: the host's speed in this
+        window, and `StepCost.queued` while requests wait (checked after admission)."""
+        return self.factor * self.cost.queued if self.waiting else self.factor
+
     def next_window(self) -> None:
         """The host speed's window that `now` is in."""
         assert self.speed is not None
@@ -692,7 +702,7 @@ class _Engine:
         tokens = _isum(got)
         kv_tokens = _isum((computed + got)[scheduled])
         pairs = _isum(got * computed + got * (got + 1) // 2)
-        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs) * self.factor
+        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs) * self.pace()
         self.now += step
         stats.steps += 1
         stats.tokens += tokens
@@ -770,7 +780,7 @@ class _Engine:
             tokens += chunk
             kv_tokens += cached + chunk
             pairs += pairs_of(chunk, cached)
-        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs) * self.factor
+        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs) * self.pace()
         self.now += step
         now = self.now
         stats.steps += 1
@@ -852,7 +862,8 @@ class _Engine:
             # Blocked now means blocked throughout: free blocks only shrink in the stretch.
             if n < config.max_num_seqs and self.first_chunk(self.waiting[0], budget)[0]:
                 return False
-        elif self.pending is not None and n < config.max_num_seqs:
+        elif self.pending is not None and (n < config.max_num_seqs or self.cost.queued != 1):
+            # (A full batch: the arrival waits, and the steps from then on are queued.)
             arrival = self.pending.arrival_s
         # A new window of host speed ends it too (its steps cost what their window says).
         arrival = min(arrival, self.window_end)
@@ -860,8 +871,9 @@ class _Engine:
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
-        if self.speed is not None:
-            steps *= self.factor
+        pace = self.pace()
+        if pace != 1:
+            steps *= pace
         # Sequential sums, so that the times are exactly those of step-by-step runs.
         first = float(steps[0])
         steps[0] += self.now

@@ -1,11 +1,12 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
 open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
-while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune alone
-again. The tune also reads the engine's steps back from the open-loop run's token times and
-fits on them beside the quiet measurements (`planner.simulate.calibrate.on_steps`). A sweep
-whose answers reached the client in bursts is refused (`bursts`): its timings say nothing of
-the engine's steps."""
+while it queued (`planner.simulate.calibrate.tuning_refused`), and a short open-loop run past
+the knee for the stalls of a queued engine (`planner.simulate.calibrate.saturate`); `retune`
+makes the tune alone again and keeps those. The tune also reads the engine's steps back
+from the open-loop run's token times and fits on them beside the quiet measurements
+(`planner.simulate.calibrate.on_steps`). A sweep whose answers reached the client in bursts
+is refused (`bursts`): its timings say nothing of the engine's steps."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
     PREFILL_PARAMS,
+    SATURATED_PARAMS,
     SWEEP_PARAMS,
     Calibration,
     LoadRun,
@@ -29,6 +31,8 @@ from planner.simulate.calibrate import (
     bursts,
     load_rate,
     quiet_fit,
+    saturate,
+    saturated_rate,
     tune,
     tuning_refused,
 )
@@ -67,7 +71,8 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     fitted, sweep = quiet(store, run, engine)
-    return _tuned(store, run, fitted, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
+    tuned = _tuned(store, run, fitted, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
+    return _saturated(store, run, tuned, saturated_rate(fitted, sweep), say)
 
 
 def retune(
@@ -98,6 +103,19 @@ def retune(
     rate = stored.tuned_rate or load_rate(stored)
     seed = time.time_ns() % 2**31 if seed is None else seed
     return _tuned(store, run, stored, rate, seed, say)
+
+
+def _saturated(
+    store: Engine, run: RunProbe, tuned: Calibration, rate: float, say: Callable[[str], None]
+) -> Calibration:
+    """`tuned` with the stalls of an open-loop run at `rate`, past the knee, measured."""
+    run_id, summary = run("latency", dict(SATURATED_PARAMS, rate=rate))
+    figures = LoadRun.model_validate(summary).tune_figures
+    if figures is None:
+        say(f"the run past the knee at {rate:g} req/s answered no request with two tokens: "
+            "its stalls are not measured")  # fmt: skip
+        return tuned
+    return saturate(tuned, replay(q.replayable(store, run_id)), rate, figures[0])
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:

@@ -17,9 +17,11 @@ from planner.simulate import SimRequest, simulate
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
+    SATURATED_PARAMS,
     SWEEP_CONTEXT,
     Sweep,
     load_rate,
+    saturated_rate,
 )
 from planner.simulate.whatif import traffic
 from planner.workload import Arrival, FixedProfile
@@ -32,10 +34,13 @@ from tests.planner.test_calibrate import API_S, CONFIG, TRUE, closed_loop_tpot, 
 
 class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
-    stores their requests; its open-loop runs report a standing queue `queued` times."""
+    stores their requests; its tuning runs report a standing queue `queued` times. Its steps
+    while requests wait last `stalls` times as long."""
 
-    def __init__(self, store: Engine, queued: int = 0, bursts: bool = False) -> None:
-        self.store, self.queued, self.bursts = store, queued, bursts
+    def __init__(
+        self, store: Engine, queued: int = 0, bursts: bool = False, stalls: float = 1.0
+    ) -> None:
+        self.store, self.queued, self.bursts, self.stalls = store, queued, bursts, stalls
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
@@ -46,7 +51,7 @@ class FakeEngine:
         if kind == "batch_sweep":
             return run.id, self.sweep()
         if "rate" in params and params["profile"]["kind"] == "fixed":
-            return run.id, self.load(run.id, float(params["rate"]))
+            return run.id, self.load(run.id, params)
         pairs = params["profile"]["pairs"]
         lone = [SimRequest(8.0 * i, prompt, out) for i, (prompt, out) in enumerate(pairs * 2)]
         self.store_requests(run.id, lone)
@@ -65,23 +70,24 @@ class FakeEngine:
                           "e2e_s": {"p50": e2e}, "requests_per_s": c / e2e})  # fmt: skip
         return {"steps": steps}
 
-    def load(self, run_id: int, rate: float) -> dict[str, Any]:
+    def load(self, run_id: int, params: dict[str, Any]) -> dict[str, Any]:
+        rate = float(params["rate"])
         profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
-        n = int(rate * LOAD_PARAMS["duration_s"])
+        n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
         ttft, tpot = self.store_requests(run_id, arrivals, self.slow)
-        queue_s = 2 * ttft if len(self.rates()) <= self.queued else 0.0
-        return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": {"p50": tpot},
+        queue_s = 2 * ttft if not self.saturated() and len(self.rates()) <= self.queued else 0.0
+        return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": tpot,
                 "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
 
     def store_requests(
         self, run_id: int, requests: list[SimRequest], slow: float = 1.0
-    ) -> tuple[float, float]:
+    ) -> tuple[float, dict[str, float]]:
         """Store what the simulator with the true cost (`slow` times it) says of `requests`;
-        their medians."""
+        their TTFT median and TPOT median and mean."""
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
-            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow,
+            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow, queued=self.stalls,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -97,13 +103,26 @@ class FakeEngine:
                     )
                 )  # fmt: skip
         ttfts = [API_S + r.ttft_s for r in results if r.ttft_s is not None]
-        tpots = [r.tpot_s for r in results if r.tpot_s is not None]
-        return float(np.median(ttfts)), float(np.median(tpots) if tpots else 0.0)
+        tpots = [r.tpot_s for r in results if r.tpot_s is not None] or [0.0]
+        return float(np.median(ttfts)), {
+            "p50": float(np.median(tpots)),
+            "mean": float(np.mean(tpots)),
+        }
 
     def rates(self) -> list[float]:
-        return [
-            float(p["rate"]) for k, p in self.calls if p.get("profile", {}).get("kind") == "fixed"
-        ]
+        """The tuning runs' rates."""
+        return [float(p["rate"]) for p in self.open_loop() if not self.past_knee(p)]
+
+    def saturated(self) -> list[float]:
+        """The rates of the runs past the knee."""
+        return [float(p["rate"]) for p in self.open_loop() if self.past_knee(p)]
+
+    def open_loop(self) -> list[dict[str, Any]]:
+        return [p for _, p in self.calls if p.get("profile", {}).get("kind") == "fixed"]
+
+    @staticmethod
+    def past_knee(params: dict[str, Any]) -> bool:
+        return bool(params["seed"] == SATURATED_PARAMS["seed"])
 
 
 def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) -> None:
@@ -116,7 +135,7 @@ def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) 
     )  # what the quiet fit and the sweep allow
     assert engine.rates() == [first, round(first / 2, 2), round(round(first / 2, 2) / 2, 2)]
     # Each try with prompts of its own: the last try's again would meet the prefix cache.
-    seeds = [p["seed"] for _, p in engine.calls if p.get("profile", {}).get("kind") == "fixed"]
+    seeds = [p["seed"] for p in engine.open_loop() if not engine.past_knee(p)]
     assert seeds == [LOAD_PARAMS["seed"] + i for i in range(3)]
     assert len(engine.said) == 2 and all("again at half the rate" in s for s in engine.said)
     assert f"at {first:g} req/s it queued" in engine.said[0]
@@ -156,9 +175,34 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert [(kind, p.get("rate")) for kind, p in engine.calls] == [("latency", cal.tuned_rate)]
     assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
     assert again.load_scale == pytest.approx(1.6, rel=0.1)
-    quiet = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples")
-    assert {k: getattr(again, k) for k in quiet} == {k: getattr(cal, k) for k in quiet}
+    kept = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples",
+            "queued_scale", "saturated_rate")  # fmt: skip
+    assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
+
+
+@pytest.mark.parametrize("stalls", [1.0, 1.4])
+def test_a_run_past_the_knee_measures_the_stalls_of_a_queued_engine(
+    store: Engine, stalls: float
+) -> None:
+    """The last of the calibration's runs is an open-loop run past the knee, with prompts of
+    its own; the scale of the steps taken while requests wait is the engine's own, and
+    predictions past the knee serve what the engine serves."""
+    engine = FakeEngine(store, stalls=stalls)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0, "queued_scale": 1.0})
+    sweep = Sweep.model_validate(engine.sweep())
+    assert engine.saturated() == [saturated_rate(quiet, sweep)]
+    assert engine.open_loop()[-1] == dict(SATURATED_PARAMS, rate=engine.saturated()[0])
+    assert engine.saturated()[0] > load_rate(quiet, sweep) * 3  # (well past the knee)
+    assert cal.saturated_rate == engine.saturated()[0]
+    assert cal.queued_scale == pytest.approx(stalls, rel=0.05)
+    assert f"steps x{cal.queued_scale:.2f} while requests wait" in cal.describe()
+    burst = [SimRequest(0.0, *SWEEP_CONTEXT) for _ in range(64)]
+    cost = dataclasses.replace(TRUE, queued=stalls)
+    engine_end = max(r.e2e_s or 0.0 for r in simulate(burst, CONFIG, cost))
+    predicted_end = max(r.e2e_s or 0.0 for r in simulate(burst, CONFIG, cal.cost()))
+    assert predicted_end == pytest.approx(engine_end, rel=0.05)
 
 
 def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:
