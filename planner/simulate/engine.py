@@ -89,8 +89,9 @@ class StepCost:
     cost per sequence scheduled (sampling, detokenising, streaming its token) and per
     attention pair (a query token against a cached one: a long prefill's quadratic part).
     `queued`: each step taken while requests wait that the step could not admit lasts that
-    many times as long. Past the knee a shared host's API server and client, busy with the
-    queue, take CPU from the engine (a calibration measures it, `saturate`; 1 elsewhere)."""
+    many times as long: past the knee, where a calibration measures it (`saturate`; on a
+    shared host the API server and client, busy with the queue, take CPU from the engine).
+    1 elsewhere."""
 
     overhead_s: float
     weights_read_s: float

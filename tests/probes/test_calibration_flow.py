@@ -181,13 +181,14 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
 
-@pytest.mark.parametrize("stalls", [1.0, 1.4])
+@pytest.mark.parametrize("stalls", [0.8, 1.0, 1.4])
 def test_a_run_past_the_knee_measures_the_stalls_of_a_queued_engine(
     store: Engine, stalls: float
 ) -> None:
     """The last of the calibration's runs is an open-loop run past the knee, with prompts of
-    its own; the scale of the steps taken while requests wait is the engine's own, and
-    predictions past the knee serve what the engine serves."""
+    its own; the scale of the steps taken while requests wait is the engine's own (below 1
+    where the host ran faster than in the tuning run), and predictions past the knee serve
+    what the engine serves."""
     engine = FakeEngine(store, stalls=stalls)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0, "queued_scale": 1.0})
