@@ -1,6 +1,6 @@
 """`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it;
 `kvscope simulate calibrate --target NAME`: fit the step cost to an engine kvscope manages
-(`--retune`: make only the fit's open-loop run again, when the machine's speed has moved).
+(`--retune`: make only the fit's tuning run again, when the machine's speed has moved).
 
 A Typer group whose callback simulates when no subcommand is given; app/cli/__init__.py
 registers it as `simulate`. Scenarios come from `planner.simulate.setup` (the same ones the
@@ -228,13 +228,13 @@ def calibrate(
     retune: bool = typer.Option(
         False,
         "--retune",
-        help="Keep the stored quiet fit and make only its open-loop run again (under a "
+        help="Keep the stored quiet fit and make only its tuning run again (under a "
         "minute): the machine's speed under load moves with time.",
     ),
 ) -> None:
-    """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, one
-    open-loop run: a few minutes) and fit the simulator's step cost to it; stored for
-    `--target`."""
+    """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, an
+    open-loop run at 40 % of its capacity and a short one past the knee: a few minutes) and
+    fit the simulator's step cost to it; stored for `--target`."""
     from probes.engine.spec import engine_config, parse_spec
     from probes.kinds import KINDS
     from probes.kinds import calibration as measurements
