@@ -108,14 +108,21 @@ def retune(
 def _saturated(
     store: Engine, run: RunProbe, tuned: Calibration, rate: float, say: Callable[[str], None]
 ) -> Calibration:
-    """`tuned` with the stalls of an open-loop run at `rate`, past the knee, measured."""
-    run_id, summary = run("latency", dict(SATURATED_PARAMS, rate=rate))
-    figures = LoadRun.model_validate(summary).tune_figures
-    if figures is None:
-        say(f"the run past the knee at {rate:g} req/s answered no request with two tokens: "
-            "its stalls are not measured")  # fmt: skip
-        return tuned
-    return saturate(tuned, replay(q.replayable(store, run_id)), rate, figures[0])
+    """`tuned` with the steps of an open-loop run at `rate`, past the knee, measured; the
+    tune as it was when that run fails or answers nothing to read (said through `say`):
+    the minutes already measured are not thrown away for it."""
+    try:
+        run_id, summary = run("latency", dict(SATURATED_PARAMS, rate=rate))
+        figures = LoadRun.model_validate(summary).tune_figures
+    except TargetError as err:
+        why = f"failed: {err}"
+    else:
+        if figures is not None:
+            return saturate(tuned, replay(q.replayable(store, run_id)), rate, figures[0])
+        why = "answered no request with two tokens"
+    say(f"the run past the knee at {rate:g} req/s {why}; the calibration keeps the tune "
+        "alone there")  # fmt: skip
+    return tuned
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:

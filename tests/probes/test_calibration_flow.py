@@ -206,6 +206,26 @@ def test_a_run_past_the_knee_measures_the_stalls_of_a_queued_engine(
     assert predicted_end == pytest.approx(engine_end, rel=0.05)
 
 
+def test_a_run_past_the_knee_that_fails_keeps_the_tune_and_says_why(store: Engine) -> None:
+    engine = FakeEngine(store, stalls=1.4)
+    measure = engine.run
+
+    def failing(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if params.get("seed") == SATURATED_PARAMS["seed"]:
+            raise TargetError("the engine at http://127.0.0.1:9 stopped answering")
+        return measure(kind, params)
+
+    cal = calibration.calibrate(store, failing, CONFIG, engine.said.append)
+    assert cal.tuned_rate is not None and cal.load_scale == pytest.approx(1.0, abs=0.1)
+    assert (cal.queued_scale, cal.saturated_rate) == (1.0, None)
+    [said] = engine.said
+    assert said.startswith("the run past the knee at ") and said.endswith(
+        " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
+        "keeps the tune alone there"
+    )
+    assert "past the knee" not in cal.describe()
+
+
 def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:
     engine = FakeEngine(store)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
