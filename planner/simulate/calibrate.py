@@ -625,13 +625,13 @@ def saturate(
     """The tuned calibration past the knee: the `queued_scale` at which a replay of an
     open-loop run past the engine's capacity (its own requests) gives its measured TPOT
     mean. Past the knee the queue grows with what arrives beyond what the engine serves,
-    so the tail there follows the full batch's mean step within a few per cent; the tuning
-    run at LOAD_SHARE of capacity seldom fills the batch. On the CPU engine the full-batch
+    so the tail there follows the full batch's mean step; the tuning run at LOAD_SHARE of
+    capacity seldom fills the batch. On the CPU engine the full-batch
     steps past the knee kept their median but their mean grew by a quarter to two fifths
     (stalls: its core got 0.84-0.88 of a CPU beside an API server and a client busy with
     the queue), and a simulator tuned at 40 % served 6-19 % more than the engine in five
     runs of six. Below 1 too: a host faster than it was in the tuning run. Within
-    QUEUED_RANGE."""
+    QUEUED_RANGE; unchanged when no request waited in the replay (nothing to scale)."""
     config = calibration.config()
     least, most = QUEUED_RANGE
 
@@ -642,9 +642,12 @@ def saturate(
             raise InvalidInput("the run past the knee has no request with two tokens")
         return float(np.mean(tpots))
 
-    if tpot_mean(least) >= tpot_mean_s:
+    fastest, slowest = tpot_mean(least), tpot_mean(most)
+    if slowest <= fastest:
+        return calibration
+    if fastest >= tpot_mean_s:
         queued = least
-    elif tpot_mean(most) <= tpot_mean_s:
+    elif slowest <= tpot_mean_s:
         queued = most
     else:
         low, high = least, most

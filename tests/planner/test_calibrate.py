@@ -25,6 +25,7 @@ from planner.simulate.calibrate import (
     prefill_samples,
     quiet_fit,
     retune_hint,
+    saturate,
     sweep_prefills,
     tune,
     tuning_refused,
@@ -163,6 +164,25 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
     assert tuned.cost().seq_s == pytest.approx(quiet.seq_s * tuned.load_scale)
     with pytest.raises(InvalidInput, match="two tokens"):
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
+
+
+def test_a_run_where_nothing_waited_leaves_the_steps_past_the_knee_unscaled() -> None:
+    """`saturate` scales only steps after which requests wait: a run light enough that none
+    did says nothing of them, whatever its TPOT, and the calibration stays as it was (not
+    pinned at an end of the range)."""
+    cal = fit(*samples(), CONFIG)
+    light = [SimRequest(1.0 * i, 256, 64) for i in range(20)]
+    assert saturate(cal, light, 1.0, 1.0) == cal
+    burst = [SimRequest(0.0, 256, 64) for _ in range(64)]
+    slower = saturate(cal, burst, 64.0, 1.3 * _tpot_mean(burst, cal.cost()))
+    assert 1.3 < slower.queued_scale < 1.5 and slower.saturated_rate == 64.0
+    assert "at 64 req/s) steps x1." in slower.describe()
+    with pytest.raises(InvalidInput, match="two tokens"):
+        saturate(cal, [SimRequest(0.0, 100, 1)] * 9, 9.0, 0.01)
+
+
+def _tpot_mean(requests: list[SimRequest], cost: StepCost) -> float:
+    return float(np.mean([r.tpot_s for r in simulate(requests, CONFIG, cost) if r.tpot_s]))
 
 
 def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() -> None:
