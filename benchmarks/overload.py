@@ -14,7 +14,9 @@ beside the engine's where the engine saturates.
 
 Each run's steps are also read back from its token times (planner/simulate/steps.py): by
 what they carried (requests decoding, prefills finished), how many and their median length,
-and with `--predict` what the calibrated step cost says the same steps take.
+and with `--predict` what the calibrated step cost says the same steps take. And its TPOT by
+when the requests began decoding, in windows of 10 s: while requests still arrive and after
+(the queue's drain, the batch as full).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     predicted: list[str] = []
     step_table: list[str] = []
+    window_table: list[str] = []
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         config = started_config(worker)
         cal = None
@@ -111,6 +114,7 @@ def main() -> None:
                 flush=True,
             )  # fmt: skip
             step_table += step_rows(worker.store, run.id, rate, config, cal)
+            window_table += tpot_windows(worker.store, run.id, rate, args.duration)
             if cal is not None:
                 traffic = replay(q.replayable(worker.store, run.id))
                 base = Scenario(
@@ -132,6 +136,12 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     print("\n".join(step_table))
+    print(
+        "\n| rate/s | began decoding, s from the first send | while arriving | requests | "
+        "TPOT mean ms | TPOT p50 ms |"
+    )
+    print("|---|---|---|---|---|---|")
+    print("\n".join(window_table))
     if predicted:
         print(
             "\n| rate/s | measured TTFT p50, p99 ms | calibrated prediction | served/s | "
@@ -211,6 +221,40 @@ def step_rows(
     )
     left = f"{seen.merged} of {len(seen.steps) + seen.merged} bunches merged steps{ratio}"
     return [*rows, f"| {rate:g} | {left} | | | | |"]
+
+
+TPOT_WINDOW_S = 10.0
+
+
+def tpot_windows(store: Engine, run_id: int, rate: float, duration_s: float) -> list[str]:
+    """Rows of the TPOT-by-window table for one run: its answered requests by when they
+    began decoding (first token, from the run's first send), TPOT mean and median in each
+    window of TPOT_WINDOW_S with five requests or more, and whether requests still arrived
+    then (past the last send the batch drains the queue with nothing arriving)."""
+    frame = q.run_records(store, run_id)
+    frame = frame[(frame["status"] == "ok") & (frame["output_tokens"] > 1)]
+    if frame.empty:
+        return []
+    began = frame["scheduled_ts"] - frame["scheduled_ts"].min() + frame["ttft_s"]
+    tpot = (frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)
+    window = (began // TPOT_WINDOW_S).astype(int)
+    rows = []
+    for i in sorted(set(window)):
+        got = tpot[window == i]
+        if len(got) >= 5:
+            lo = i * TPOT_WINDOW_S
+            arriving = (
+                "yes"
+                if lo + TPOT_WINDOW_S <= duration_s
+                else "no"
+                if lo >= duration_s
+                else "partly"
+            )
+            rows.append(
+                f"| {rate:g} | {lo:g}-{lo + TPOT_WINDOW_S:g} | {arriving} | {len(got)} | "
+                f"{_ms(float(got.mean()), 2)} | {_ms(float(got.median()), 2)} |"
+            )
+    return rows
 
 
 def simulated_served(
