@@ -114,7 +114,7 @@ def main() -> None:
                 flush=True,
             )  # fmt: skip
             step_table += step_rows(worker.store, run.id, rate, config, cal)
-            window_table += tpot_windows(worker.store, run.id, rate, args.duration)
+            window_table += tpot_windows(worker.store, run.id, rate)
             if cal is not None:
                 traffic = replay(q.replayable(worker.store, run.id))
                 base = Scenario(
@@ -226,34 +226,30 @@ def step_rows(
 TPOT_WINDOW_S = 10.0
 
 
-def tpot_windows(store: Engine, run_id: int, rate: float, duration_s: float) -> list[str]:
+def tpot_windows(store: Engine, run_id: int, rate: float) -> list[str]:
     """Rows of the TPOT-by-window table for one run: its answered requests by when they
     began decoding (first token, from the run's first send), TPOT mean and median in each
     window of TPOT_WINDOW_S with five requests or more, and whether requests still arrived
     then (past the last send the batch drains the queue with nothing arriving)."""
     frame = q.run_records(store, run_id)
-    frame = frame[(frame["status"] == "ok") & (frame["output_tokens"] > 1)]
+    frame = frame[(frame["status"] == "ok") & frame["tpot_s"].notna()]
     if frame.empty:
         return []
-    began = frame["scheduled_ts"] - frame["scheduled_ts"].min() + frame["ttft_s"]
-    tpot = (frame["e2e_s"] - frame["ttft_s"]) / (frame["output_tokens"] - 1)
+    first_send = frame["scheduled_ts"].min()
+    last_send = frame["scheduled_ts"].max() - first_send
+    began = frame["scheduled_ts"] - first_send + frame["ttft_s"]
     window = (began // TPOT_WINDOW_S).astype(int)
     rows = []
     for i in sorted(set(window)):
-        got = tpot[window == i]
-        if len(got) >= 5:
-            lo = i * TPOT_WINDOW_S
-            arriving = (
-                "yes"
-                if lo + TPOT_WINDOW_S <= duration_s
-                else "no"
-                if lo >= duration_s
-                else "partly"
-            )
-            rows.append(
-                f"| {rate:g} | {lo:g}-{lo + TPOT_WINDOW_S:g} | {arriving} | {len(got)} | "
-                f"{_ms(float(got.mean()), 2)} | {_ms(float(got.median()), 2)} |"
-            )
+        got = frame["tpot_s"][window == i]
+        if len(got) < 5:
+            continue
+        lo, hi = i * TPOT_WINDOW_S, (i + 1) * TPOT_WINDOW_S
+        arriving = "yes" if hi <= last_send else "no" if lo >= last_send else "partly"
+        rows.append(
+            f"| {rate:g} | {lo:g}-{hi:g} | {arriving} | {len(got)} | "
+            f"{_ms(float(got.mean()), 2)} | {_ms(float(got.median()), 2)} |"
+        )
     return rows
 
 
