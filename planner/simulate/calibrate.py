@@ -19,7 +19,7 @@ bound where it is an interpolation.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -578,14 +578,8 @@ def tune(
             raise InvalidInput("the open-loop run has no request with two tokens to tune on")
         return float(np.mean(tpots)), float(np.median(ttfts))
 
-    low, high = 0.25, 8.0
-    for _ in range(40):  # bisection on log scale: TPOT grows with the step cost
-        mid = math.sqrt(low * high)
-        if figures(replayed(mid))[0] < tpot_mean_s:
-            low = mid
-        else:
-            high = mid
-    scale = math.sqrt(low * high)
+    # TPOT grows with the step cost.
+    scale = _log_bisect(lambda k: figures(replayed(k))[0], tpot_mean_s, 0.25, 8.0, 40)
     results = replayed(scale)
     api_s = ttft_p50_s - figures(results)[1]  # the API's time under load: request_s
     noise: list[tuple[float, float]] = []
@@ -649,16 +643,23 @@ def saturate(
         queued = least
     elif slowest <= tpot_mean_s:
         queued = most
-    else:
-        low, high = least, most
-        for _ in range(30):  # bisection on log scale: TPOT grows with the queued steps' cost
-            mid = math.sqrt(low * high)
-            if tpot_mean(mid) < tpot_mean_s:
-                low = mid
-            else:
-                high = mid
-        queued = math.sqrt(low * high)
+    else:  # TPOT grows with the queued steps' cost
+        queued = _log_bisect(tpot_mean, tpot_mean_s, least, most, 30)
     return calibration.model_copy(update={"queued_scale": queued, "saturated_rate": rate})
+
+
+def _log_bisect(
+    grows: Callable[[float], float], target: float, low: float, high: float, steps: int
+) -> float:
+    """The x in [low, high] where `grows` (increasing in x) reaches `target`, by `steps`
+    halvings on a log scale (a scale is as likely to be half as twice)."""
+    for _ in range(steps):
+        mid = math.sqrt(low * high)
+        if grows(mid) < target:
+            low = mid
+        else:
+            high = mid
+    return math.sqrt(low * high)
 
 
 def host_speed(
