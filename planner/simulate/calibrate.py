@@ -625,7 +625,9 @@ def saturate(
     (stalls: its core got 0.84-0.88 of a CPU beside an API server and a client busy with
     the queue), and a simulator tuned at 40 % served 6-19 % more than the engine in five
     runs of six. Below 1 too: a host faster than it was in the tuning run. Within
-    QUEUED_RANGE; unchanged when no request waited in the replay (nothing to scale)."""
+    QUEUED_RANGE; unchanged when no request waited in the replay (nothing to scale).
+    A stand-in: the steps past the knee slow with what arrives, not with what waits (in
+    the queue's drain they ran as fast as the tune says; docs/simulator.md)."""
     config = calibration.config()
     least, most = QUEUED_RANGE
 

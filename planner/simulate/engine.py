@@ -90,7 +90,7 @@ class StepCost:
     attention pair (a query token against a cached one: a long prefill's quadratic part).
     `queued`: each step taken while requests wait that the step could not admit lasts that
     many times as long: past the knee, where a calibration measures it (`saturate`; on a
-    shared host the API server and client, busy with the queue, take CPU from the engine).
+    shared host the API server and client, taking requests in, take CPU from the engine).
     1 elsewhere."""
 
     overhead_s: float
