@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import (
@@ -229,10 +229,21 @@ class Calibration(BaseModel):
     quiet_rows: list[list[float]] = Field(default_factory=list)
     quiet_s: list[float] = Field(default_factory=list)
     step_kinds: int = 0
-    # Past the knee (an open-loop run at `saturated_rate`, `saturate`), each step taken
-    # while requests wait lasts `queued_scale` times the tuned cost; 1 and None unmeasured.
-    queued_scale: float = Field(1.0, gt=0)
+    # The engine time each arrival takes from the steps (StepCost.arrival_s), measured on
+    # an open-loop run past the knee at `saturated_rate` (`arrival_cost`); 0 and None
+    # unmeasured.
+    arrival_s: float = Field(0.0, ge=0)
     saturated_rate: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_arrivals(cls, data: Any) -> Any:
+        """A calibration stored with `queued_scale` (a factor on steps taken while
+        requests waited, which the arrival cost replaced) reads as unmeasured past the
+        knee: the factor does not convert."""
+        if isinstance(data, dict) and "queued_scale" in data:
+            data = {k: v for k, v in data.items() if k not in ("queued_scale", "saturated_rate")}
+        return data
 
     def cost(self) -> StepCost:
         k = self.load_scale
@@ -244,7 +255,7 @@ class Calibration(BaseModel):
             additive=True,
             seq_s=self.seq_s * k,
             pair_s=self.pair_s * k,
-            queued=self.queued_scale,
+            arrival_s=self.arrival_s,
         )
 
     @property
@@ -276,8 +287,8 @@ class Calibration(BaseModel):
             tuned += f", fitted again with {self.step_kinds} kinds of its steps"
         if self.saturated_rate is not None:
             tuned += (
-                f"; past the knee (an open-loop run at {self.saturated_rate:g} req/s) steps "
-                f"x{self.queued_scale:.2f} while requests wait"
+                f"; each arrival takes {self.arrival_s * 1000:.2f} ms of the engine's steps "
+                f"(an open-loop run past the knee at {self.saturated_rate:g} req/s)"
             )
         if self.noise:
             ttft = np.quantile([t for t, _ in self.noise], [0.5, 0.99]) * 1000
@@ -605,49 +616,59 @@ def tune(
     )
 
 
-# The open-loop run past the knee a calibration measures a full batch's steps on
-# (`saturate`): twice the capacity, so that the queue forms within a second (at 1.5 times
-# the CPU engine once kept up, its queue time a mean of 0.3 s), for 15 s.
+# The open-loop run past the knee a calibration measures what arrivals cost on
+# (`arrival_cost`): twice the capacity, so that the queue forms within a second (at 1.5
+# times the CPU engine once kept up, its queue time a mean of 0.3 s), for 20 s; the queue
+# it leaves drains for about as long.
 SATURATED_SHARE = 2.0
-SATURATED_PARAMS: dict[str, Any] = dict(LOAD_PARAMS, duration_s=15.0, seed=23)
-QUEUED_RANGE = (0.5, 4.0)
+SATURATED_PARAMS: dict[str, Any] = dict(LOAD_PARAMS, duration_s=20.0, seed=23)
+# Its requests that began decoding in the first ARRIVAL_SETTLE_S are left out (at two
+# rates the CPU engine's first 10 s ran a tenth slower than the rest, overload 11), and so
+# are the last `max_num_seqs` to begin (the batch empties under them); each side needs
+# ARRIVAL_MIN_REQUESTS.
+ARRIVAL_SETTLE_S = 5.0
+ARRIVAL_MIN_REQUESTS = 30
 
 
-def saturate(
-    calibration: Calibration, requests: Sequence[SimRequest], rate: float, tpot_mean_s: float
-) -> Calibration:
-    """The tuned calibration past the knee: the `queued_scale` at which a replay of an
-    open-loop run past the engine's capacity (its own requests) gives its measured TPOT
-    mean. Past the knee the queue grows with what arrives beyond what the engine serves,
-    so the tail there follows the full batch's mean step; the tuning run at LOAD_SHARE of
-    capacity seldom fills the batch. On the CPU engine the full-batch
-    steps past the knee kept their median but their mean grew by a quarter to two fifths
-    (stalls: its core got 0.84-0.88 of a CPU beside an API server and a client busy with
-    the queue), and a simulator tuned at 40 % served 6-19 % more than the engine in five
-    runs of six. Below 1 too: a host faster than it was in the tuning run. Within
-    QUEUED_RANGE; unchanged when no request waited in the replay (nothing to scale).
-    A stand-in: the steps past the knee slow with what arrives, not with what waits (in
-    the queue's drain they ran as fast as the tune says; docs/simulator.md)."""
-    config = calibration.config()
-    least, most = QUEUED_RANGE
-
-    def tpot_mean(queued: float) -> float:
-        cost = calibration.model_copy(update={"queued_scale": queued}).cost()
-        tpots = [r.tpot_s for r in simulate(requests, config, cost) if r.tpot_s is not None]
-        if not tpots:
-            raise InvalidInput("the run past the knee has no request with two tokens")
-        return float(np.mean(tpots))
-
-    fastest, slowest = tpot_mean(least), tpot_mean(most)
-    if slowest <= fastest:
-        return calibration
-    if fastest >= tpot_mean_s:
-        queued = least
-    elif slowest <= tpot_mean_s:
-        queued = most
-    else:  # TPOT grows with the queued steps' cost
-        queued = _log_bisect(tpot_mean, tpot_mean_s, least, most, 30)
-    return calibration.model_copy(update={"queued_scale": queued, "saturated_rate": rate})
+def arrival_cost(
+    requests: Sequence[SimRequest], measured: Sequence[tuple[float, float]], max_num_seqs: int
+) -> tuple[float | None, str]:
+    """The engine time each arrival takes (`StepCost.arrival_s`), from an open-loop run past
+    the knee (its requests as sent and their measured (TTFT, E2E)): the TPOT mean of the
+    requests that decoded while requests still arrived against that of those that began
+    decoding in the queue's drain after the last send. Both decode in a full batch with a
+    queue behind it, the same steps but for the arrivals: with arrivals at rate r each
+    taking c, the steps get 1 - r c of the time, so c = (1 - drain / arriving) / r. On
+    the CPU engine that was about 2 ms at 48 and 62 req/s (overload 11). (cost, how it
+    was read), or (None, why not) when the run has too few of either (an engine that
+    kept up leaves no queue to drain). A drain slower than the arrivals reads 0."""
+    if len(measured) != len(requests):
+        raise InvalidInput(f"{len(measured)} measured latencies for {len(requests)} requests")
+    sends = [r.arrival_s for r in requests]
+    if len(sends) < 2 or max(sends) <= min(sends):
+        return None, "it sent too few requests to read a rate from"
+    first, last = min(sends), max(sends)
+    rate = (len(sends) - 1) / (last - first)
+    decoded = sorted(
+        (req.arrival_s + ttft, req.arrival_s + e2e, (e2e - ttft) / (req.output_tokens - 1))
+        for req, (ttft, e2e) in zip(requests, measured, strict=True)
+        if req.output_tokens > 1
+    )[: -max_num_seqs or None]
+    arriving = [tpot for began, end, tpot in decoded if began >= first + ARRIVAL_SETTLE_S
+                and end <= last]  # fmt: skip
+    drain = [tpot for began, _, tpot in decoded if began >= last]
+    if min(len(arriving), len(drain)) < ARRIVAL_MIN_REQUESTS:
+        return None, (
+            f"{len(arriving)} requests decoded while requests arrived and {len(drain)} in "
+            f"the queue's drain; each needs {ARRIVAL_MIN_REQUESTS}"
+            + (" (the engine kept up: no queue to drain)" if len(drain) < len(arriving) else "")
+        )
+    during, after = float(np.mean(arriving)), float(np.mean(drain))
+    cost = max(0.0, 1.0 - after / during) / rate
+    return cost, (
+        f"TPOT mean {during * 1000:.2f} ms while {rate:.1f} req/s arrived, {after * 1000:.2f} "
+        f"ms in the drain ({len(arriving)} and {len(drain)} requests)"
+    )
 
 
 def _log_bisect(

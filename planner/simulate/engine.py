@@ -88,10 +88,11 @@ class StepCost:
     with `additive` their sum (a calibrated fit: on a CPU, neither hides the other); plus a
     cost per sequence scheduled (sampling, detokenising, streaming its token) and per
     attention pair (a query token against a cached one: a long prefill's quadratic part).
-    `queued`: each step taken while requests wait that the step could not admit lasts that
-    many times as long: past the knee, where a calibration measures it (`saturate`; on a
-    shared host the API server and client, taking requests in, take CPU from the engine).
-    1 elsewhere."""
+    `arrival_s`: engine time each request arriving takes while a batch runs (on a shared
+    host the API server and the client, taking a request in, take CPU from the engine's
+    steps; past the knee the CPU engine's steps ran a sixth slower while requests arrived
+    than in the queue's drain after): the step that follows the arrival lasts that much
+    longer. 0 on a roofline; a calibration measures it (`arrival_cost`)."""
 
     overhead_s: float
     weights_read_s: float
@@ -100,7 +101,7 @@ class StepCost:
     additive: bool = False
     seq_s: float = 0.0
     pair_s: float = 0.0
-    queued: float = 1.0
+    arrival_s: float = 0.0
 
     def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
         """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
@@ -140,7 +141,7 @@ class StepCost:
             self.additive,
             self.seq_s * k,
             self.pair_s * k,
-            self.queued,  # (a ratio of step times: the same on a slower host)
+            self.arrival_s * k,
         )
 
 
@@ -533,6 +534,7 @@ class _Engine:
         self.free = config.num_blocks  # held by nothing, cached by nothing
         self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
+        self.debt = 0.0  # engine time arrivals took since the last step (StepCost.arrival_s)
         self.decoding = False  # every running request decoding, its last token at `now`
         # A request just joined an empty queue: the next step most likely admits it, so no
         # stretch is tried first (one would stop at once; a step is the same either way).
@@ -565,10 +567,11 @@ class _Engine:
                 continue
             yield from self.end_of_step()
 
-    def pace(self) -> float:
-        """How many times its cost the step now being taken lasts: the host's speed in this
-        window, and `StepCost.queued` while requests wait (checked after admission)."""
-        return self.factor * self.cost.queued if self.waiting else self.factor
+    def charged(self, step_s: float) -> float:
+        """How long a step that costs `step_s` lasts: with the time arrivals took since the
+        last one, at the host's speed in this window."""
+        step, self.debt = (step_s + self.debt) * self.factor, 0.0
+        return step
 
     def next_window(self) -> None:
         """The host speed's window that `now` is in."""
@@ -595,6 +598,8 @@ class _Engine:
                         continue
                     self.sessions[r.session] = deque()
             self.pending = self.earliest()
+            if self.running.n:  # (an idle engine's steps lose nothing to it)
+                self.debt += self.cost.arrival_s
             if r.prompt_tokens < 1 or r.output_tokens < 1:
                 raise InvalidInput("a request needs at least one prompt and one output token")
             if r.prompt_tokens + r.output_tokens > config.max_model_len:
@@ -703,7 +708,7 @@ class _Engine:
         tokens = _isum(got)
         kv_tokens = _isum((computed + got)[scheduled])
         pairs = _isum(got * computed + got * (got + 1) // 2)
-        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs) * self.pace()
+        step = self.charged(self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs))
         self.now += step
         stats.steps += 1
         stats.tokens += tokens
@@ -781,7 +786,7 @@ class _Engine:
             tokens += chunk
             kv_tokens += cached + chunk
             pairs += pairs_of(chunk, cached)
-        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs) * self.pace()
+        step = self.charged(self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs))
         self.now += step
         now = self.now
         stats.steps += 1
@@ -859,12 +864,18 @@ class _Engine:
             return False
         budget = config.max_num_batched_tokens - n
         arrival = math.inf
-        if self.waiting:
-            # Blocked now means blocked throughout: free blocks only shrink in the stretch.
-            if n < config.max_num_seqs and self.first_chunk(self.waiting[0], budget)[0]:
-                return False
-        elif self.pending is not None and (n < config.max_num_seqs or self.cost.queued != 1):
-            # (A full batch: the arrival waits, and the steps from then on are queued.)
+        # Blocked now means blocked throughout: free blocks only shrink in the stretch.
+        if (
+            self.waiting
+            and n < config.max_num_seqs
+            and self.first_chunk(self.waiting[0], budget)[0]
+        ):
+            return False
+        # The next arrival ends it where it may be admitted (an empty queue, a free slot) or
+        # where it costs the next step time.
+        if self.pending is not None and (
+            self.cost.arrival_s or (not self.waiting and n < config.max_num_seqs)
+        ):
             arrival = self.pending.arrival_s
         # A new window of host speed ends it too (its steps cost what their window says).
         arrival = min(arrival, self.window_end)
@@ -872,9 +883,9 @@ class _Engine:
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
-        pace = self.pace()
-        if pace != 1:
-            steps *= pace
+        steps[0] += self.debt  # (as `charged`: the debt, then the host's speed)
+        if self.factor != 1:
+            steps *= self.factor
         # Sequential sums, so that the times are exactly those of step-by-step runs.
         first = float(steps[0])
         steps[0] += self.now
@@ -888,6 +899,7 @@ class _Engine:
         if k < 2:
             return False
         self.maybe_done = k == left
+        self.debt = 0.0
         steps[0] = first
         stats = self.stats
         stats.busy_s += _fsum(steps[:k])

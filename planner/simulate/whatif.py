@@ -371,8 +371,9 @@ def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
 
 def capacity_rps(scenario: Scenario) -> float:
     """Requests per second the engine completes when all of the scenario's requests come at
-    once (every slot full, the queue never empty): the rate the utilisation is measured
-    against."""
+    once (every slot full, the queue never empty), each also taking its arrival's engine
+    time (`StepCost.arrival_s`: at that rate one arrives for each answered): the rate the
+    utilisation is measured against."""
     burst = (
         replace(r, arrival_s=0.0)
         for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
@@ -384,7 +385,7 @@ def capacity_rps(scenario: Scenario) -> float:
             end, done = max(end, r.e2e_s), done + 1
     if not done:
         raise InvalidInput("every request is longer than max_model_len: nothing to simulate")
-    return done / end
+    return done / (end + done * scenario.cost.arrival_s)
 
 
 def predict(

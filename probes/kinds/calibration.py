@@ -1,9 +1,10 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
-open-loop run at a share of the quiet fit's capacity (the tune), made again at half the rate
-while it queued (`planner.simulate.calibrate.tuning_refused`), and a short open-loop run past
-the knee for the stalls of a queued engine (`planner.simulate.calibrate.saturate`); `retune`
-makes the tune alone again and keeps those. The tune also reads the engine's steps back
+short open-loop run past the knee for the engine time each arrival takes
+(`planner.simulate.calibrate.arrival_cost`), then an open-loop run at a share of the quiet
+fit's capacity (the tune, with that arrival cost in its replays), made again at half the
+rate while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune
+alone again and keeps the arrival cost. The tune also reads the engine's steps back
 from the open-loop run's token times and fits on them beside the quiet measurements
 (`planner.simulate.calibrate.on_steps`). A sweep whose answers reached the client in bursts
 is refused (`bursts`): its timings say nothing of the engine's steps."""
@@ -28,10 +29,10 @@ from planner.simulate.calibrate import (
     Calibration,
     LoadRun,
     Sweep,
+    arrival_cost,
     bursts,
     load_rate,
     quiet_fit,
-    saturate,
     saturated_rate,
     tune,
     tuning_refused,
@@ -71,8 +72,8 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     fitted, sweep = quiet(store, run, engine)
-    tuned = _tuned(store, run, fitted, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
-    return _saturated(store, run, tuned, saturated_rate(fitted, sweep), say)
+    priced = _arrivals_priced(store, run, fitted, saturated_rate(fitted, sweep), say)
+    return _tuned(store, run, priced, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
 
 
 def retune(
@@ -105,24 +106,27 @@ def retune(
     return _tuned(store, run, stored, rate, seed, say)
 
 
-def _saturated(
-    store: Engine, run: RunProbe, tuned: Calibration, rate: float, say: Callable[[str], None]
+def _arrivals_priced(
+    store: Engine, run: RunProbe, fitted: Calibration, rate: float, say: Callable[[str], None]
 ) -> Calibration:
-    """`tuned` with the steps of an open-loop run at `rate`, past the knee, measured; the
-    tune as it was when that run fails or answers nothing to read (said through `say`):
-    the minutes already measured are not thrown away for it."""
+    """`fitted` with the engine time each arrival takes, read from an open-loop run at
+    `rate`, past the knee (`arrival_cost`); as it was, with the reason said through `say`,
+    when that run fails or cannot tell (the rest of the calibration goes on without it)."""
     try:
-        run_id, summary = run("latency", dict(SATURATED_PARAMS, rate=rate))
-        figures = LoadRun.model_validate(summary).tune_figures
+        run_id, _ = run("latency", dict(SATURATED_PARAMS, rate=rate))
     except TargetError as err:
-        why = f"failed: {err}"
+        cost, how = None, f"failed: {err}"
     else:
-        if figures is not None:
-            return saturate(tuned, replay(q.replayable(store, run_id)), rate, figures[0])
-        why = "answered no request with two tokens"
-    say(f"the run past the knee at {rate:g} req/s {why}; the calibration keeps the tune "
-        "alone there")  # fmt: skip
-    return tuned
+        requests = replay(q.replayable(store, run_id))
+        measured = q.replayed_latencies(store, run_id)
+        cost, how = arrival_cost(requests, measured, fitted.config().max_num_seqs)
+    if cost is None:
+        say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
+            "arrivals without a cost")  # fmt: skip
+        return fitted
+    say(f"the run past the knee at {rate:g} req/s: {how}; each arrival takes "
+        f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
+    return fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:

@@ -13,10 +13,12 @@ from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import (
     SWEEP_CONTEXT,
+    Calibration,
     DecodeSample,
     LoadRun,
     PrefillSample,
     Sweep,
+    arrival_cost,
     bursts,
     decode_samples,
     fit,
@@ -25,7 +27,6 @@ from planner.simulate.calibrate import (
     prefill_samples,
     quiet_fit,
     retune_hint,
-    saturate,
     sweep_prefills,
     tune,
     tuning_refused,
@@ -166,23 +167,56 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
 
 
-def test_a_run_where_nothing_waited_leaves_the_steps_past_the_knee_unscaled() -> None:
-    """`saturate` scales only steps after which requests wait: a run light enough that none
-    did says nothing of them, whatever its TPOT, and the calibration stays as it was (not
-    pinned at an end of the range)."""
+@pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
+def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
+    """Past the knee the requests that decode while others arrive run slower than those
+    of the queue's drain by what the arrivals take: the run says what each one took."""
+    truth = replace(TRUE, arrival_s=arrival_s)
+    rate = 2 * capacity_rps(
+        Scenario(CONFIG, truth, FixedProfile(prompt_tokens=256, output_tokens=64), 300)
+    )
+    stream = list(
+        traffic(
+            FixedProfile(prompt_tokens=256, output_tokens=64),
+            Arrival(rate=rate),
+            int(rate * 20),
+            seed=3,
+        )
+    )
+    results = {id(r.request): r for r in simulate(stream, CONFIG, truth)}
+    measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
+    cost, how = arrival_cost(stream, measured, CONFIG.max_num_seqs)
+    assert cost == pytest.approx(arrival_s, abs=0.0002)
+    assert " req/s arrived" in how and "in the drain" in how
+
+
+def test_a_run_past_the_knee_without_a_drain_prices_nothing_and_says_why() -> None:
+    light = [SimRequest(1.0 * i, 256, 64) for i in range(60)]
+    results = list(simulate(light, CONFIG, TRUE))
+    measured = [(r.ttft_s or 0.0, r.e2e_s or 0.0) for r in results]
+    cost, why = arrival_cost(light, measured, CONFIG.max_num_seqs)
+    assert cost is None and "the engine kept up: no queue to drain" in why
+    with pytest.raises(InvalidInput, match="2 measured latencies for 60 requests"):
+        arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
+    # A drain slower than the arrivals (a host that slowed down): nothing to charge.
+    burst = [SimRequest(0.02 * i, 256, 64) for i in range(400)]  # (8 s at 50 req/s)
+    slowing = HostSpeed(8.0, (1.0, 1.5, 1.5, 1.5))
+    slowed = {id(r.request): r for r in simulate(burst, CONFIG, TRUE, speed=slowing)}
+    measured = [(slowed[id(r)].ttft_s or 0.0, slowed[id(r)].e2e_s or 0.0) for r in burst]
+    assert arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
+
+
+def test_a_calibration_stored_with_a_queued_scale_reads_as_unmeasured_past_the_knee() -> None:
+    """Stored calibrations from before the arrival cost carry `queued_scale`, which does
+    not convert: they load, with nothing measured past the knee."""
     cal = fit(*samples(), CONFIG)
-    light = [SimRequest(1.0 * i, 256, 64) for i in range(20)]
-    assert saturate(cal, light, 1.0, 1.0) == cal
-    burst = [SimRequest(0.0, 256, 64) for _ in range(64)]
-    slower = saturate(cal, burst, 64.0, 1.3 * _tpot_mean(burst, cal.cost()))
-    assert 1.3 < slower.queued_scale < 1.5 and slower.saturated_rate == 64.0
-    assert "at 64 req/s) steps x1." in slower.describe()
-    with pytest.raises(InvalidInput, match="two tokens"):
-        saturate(cal, [SimRequest(0.0, 100, 1)] * 9, 9.0, 0.01)
-
-
-def _tpot_mean(requests: list[SimRequest], cost: StepCost) -> float:
-    return float(np.mean([r.tpot_s for r in simulate(requests, CONFIG, cost) if r.tpot_s]))
+    old = {**cal.model_dump(), "queued_scale": 1.17, "saturated_rate": 64.0}
+    del old["arrival_s"]
+    loaded = Calibration.model_validate(old)
+    assert (loaded.arrival_s, loaded.saturated_rate) == (0.0, None)
+    assert loaded == cal
+    with pytest.raises(ValueError, match="extra"):
+        Calibration.model_validate({**cal.model_dump(), "queued": 1.0})
 
 
 def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() -> None:

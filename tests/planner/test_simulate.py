@@ -405,32 +405,35 @@ def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
 
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["few-seqs"], CONFIGS["preempting"]],
                          ids=["ample", "few-seqs", "preempting"])  # fmt: skip
-def test_steps_taken_while_requests_wait_last_queued_times_as_long(config: EngineConfig) -> None:
-    """`StepCost.queued` slows only the steps after which requests still wait: at low load
-    nothing changes; with every request sent at once the batch drains about that many times
-    slower; decode stretches end where an arrival starts to wait, giving what step-by-step
-    runs give, to the bit."""
-    slowed = replace(COST, queued=1.5)
+def test_each_arrival_takes_its_engine_time_from_the_step_after_it(config: EngineConfig) -> None:
+    """`StepCost.arrival_s` lengthens the step after each arrival that finds a batch
+    running: an idle engine loses nothing; a lone request with five arrivals waiting
+    behind it ends five arrival costs later; decode stretches end at each arrival, giving
+    what step-by-step runs give, to the bit."""
+    taxed = replace(COST, arrival_s=0.004)
     lone = [SimRequest(10.0 * i, 300, 40) for i in range(5)]
-    assert list(simulate(lone, config, slowed)) == list(simulate(lone, config, COST))
+    assert list(simulate(lone, config, taxed)) == list(simulate(lone, config, COST))
 
+    one_seq = replace(config, max_num_seqs=1)
+    behind = [SimRequest(0.0, 100, 400)] + [SimRequest(0.01 * i, 50, 5) for i in range(1, 6)]
+    first = {c: next(iter(simulate(behind, one_seq, c))) for c in (COST, taxed)}
+    assert first[COST].request is behind[0] and first[taxed].request is behind[0]
+    assert first[taxed].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + 5 * 0.004)
+
+    # Near the knee: full batches, queues, arrivals inside stretches.
     burst = [SimRequest(0.0, 200, 100) for _ in range(8 * config.max_num_seqs)]
-    end = {c: max(r.e2e_s or 0.0 for r in simulate(burst, config, c)) for c in (COST, slowed)}
-    # (the last batch drains with nobody waiting: a little under 1.5)
-    assert 1.3 < end[slowed] / end[COST] < 1.5
-
-    # Near the knee: a full batch with nobody waiting, then an arrival that waits.
-    rate = 0.9 * len(burst) / end[COST]
+    end = max(r.e2e_s or 0.0 for r in simulate(burst, config, COST))
+    rate = 0.9 * len(burst) / end
     rng = np.random.default_rng(7)
     times = np.cumsum(rng.exponential(1 / rate, 600))
     traffic = [
         SimRequest(float(t), int(rng.integers(100, 300)), int(rng.integers(50, 150))) for t in times
     ]
     slow_stats, fast_stats, plain_stats = EngineStats(), EngineStats(), EngineStats()
-    slow = list(simulate(traffic, config, slowed, slow_stats, fast_forward=False))
-    fast = list(simulate(traffic, config, slowed, fast_stats))
+    slow = list(simulate(traffic, config, taxed, slow_stats, fast_forward=False))
+    fast = list(simulate(traffic, config, taxed, fast_stats))
     list(simulate(traffic, config, COST, plain_stats))
     assert slow == fast and fast_stats.stretches > 0
     assert fast_stats.steps == slow_stats.steps
     assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
-    assert fast_stats.busy_s > plain_stats.busy_s  # (requests waited)
+    assert fast_stats.busy_s > plain_stats.busy_s  # (arrivals found a batch running)

@@ -1,7 +1,7 @@
 """The calibration's flow (`kvscope simulate calibrate`, the benchmarks): its measurements
-taken through one probe runner, a tuning run that queued made again at half the rate, a
-retune that makes the open-loop run alone again, and an engine that cannot be calibrated
-refused with every reason."""
+taken through one probe runner, the cost of an arrival read from a run past the knee, a
+tuning run that queued made again at half the rate, a retune that makes the tuning run alone
+again, and an engine that cannot be calibrated refused with every reason."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from planner.simulate.calibrate import (
     load_rate,
     saturated_rate,
 )
-from planner.simulate.whatif import traffic
+from planner.simulate.whatif import Scenario, capacity_rps, traffic
 from planner.workload import Arrival, FixedProfile
 from probes.kinds import calibration
 from storage import queries as q
@@ -31,16 +31,18 @@ from storage.db import transaction
 from storage.tables import RequestRecord
 from tests.planner.test_calibrate import API_S, CONFIG, TRUE, closed_loop_tpot, lone_ttft
 
+PROFILE = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
+
 
 class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
-    stores their requests; its tuning runs report a standing queue `queued` times. Its steps
-    while requests wait last `stalls` times as long."""
+    stores their requests; its tuning runs report a standing queue `queued` times. Each
+    arrival takes `arrival_s` of its steps' time."""
 
     def __init__(
-        self, store: Engine, queued: int = 0, bursts: bool = False, stalls: float = 1.0
+        self, store: Engine, queued: int = 0, bursts: bool = False, arrival_s: float = 0.0
     ) -> None:
-        self.store, self.queued, self.bursts, self.stalls = store, queued, bursts, stalls
+        self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
@@ -76,7 +78,8 @@ class FakeEngine:
         n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
         ttft, tpot = self.store_requests(run_id, arrivals, self.slow)
-        queue_s = 2 * ttft if not self.saturated() and len(self.rates()) <= self.queued else 0.0
+        queued = not self.past_knee(params) and len(self.rates()) <= self.queued
+        queue_s = 2 * ttft if queued else 0.0
         return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": tpot,
                 "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
 
@@ -87,7 +90,7 @@ class FakeEngine:
         their TTFT median and TPOT median and mean."""
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
-            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow, queued=self.stalls,
+            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow, arrival_s=self.arrival_s,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -137,8 +140,8 @@ def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) 
     # Each try with prompts of its own: the last try's again would meet the prefix cache.
     seeds = [p["seed"] for p in engine.open_loop() if not engine.past_knee(p)]
     assert seeds == [LOAD_PARAMS["seed"] + i for i in range(3)]
-    assert len(engine.said) == 2 and all("again at half the rate" in s for s in engine.said)
-    assert f"at {first:g} req/s it queued" in engine.said[0]
+    again = [s for s in engine.said if "again at half the rate" in s]
+    assert len(again) == 2 and f"at {first:g} req/s it queued" in again[0]
     # Tuned on the third run, which did not queue: the true cost, nothing added by load.
     assert cal.tuned_rate == engine.rates()[-1]
     assert cal.load_scale == pytest.approx(1.0, abs=0.1)
@@ -176,38 +179,44 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
     assert again.load_scale == pytest.approx(1.6, rel=0.1)
     kept = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples",
-            "queued_scale", "saturated_rate")  # fmt: skip
+            "arrival_s", "saturated_rate")  # fmt: skip
     assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
 
-@pytest.mark.parametrize("stalls", [0.8, 1.0, 1.4])
-def test_a_run_past_the_knee_measures_the_stalls_of_a_queued_engine(
-    store: Engine, stalls: float
+@pytest.mark.parametrize("arrival_s", [0.0, 0.002, 0.005])
+def test_a_run_past_the_knee_prices_each_arrival_before_the_tune(
+    store: Engine, arrival_s: float
 ) -> None:
-    """The last of the calibration's runs is an open-loop run past the knee, with prompts of
-    its own; the scale of the steps taken while requests wait is the engine's own (below 1
-    where the host ran faster than in the tuning run), and predictions past the knee serve
-    what the engine serves."""
-    engine = FakeEngine(store, stalls=stalls)
+    """The first open-loop run is past the knee, with prompts of its own; the engine time
+    each arrival takes is read from it and the tune replays with it, so that the tune
+    still finds the engine's own steps and predictions past the knee serve what the
+    engine serves."""
+    engine = FakeEngine(store, arrival_s=arrival_s)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
-    quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0, "queued_scale": 1.0})
+    quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0, "arrival_s": 0.0})
     sweep = Sweep.model_validate(engine.sweep())
     assert engine.saturated() == [saturated_rate(quiet, sweep)]
-    assert engine.open_loop()[-1] == dict(SATURATED_PARAMS, rate=engine.saturated()[0])
+    assert engine.open_loop()[0] == dict(SATURATED_PARAMS, rate=engine.saturated()[0])
     assert engine.saturated()[0] > load_rate(quiet, sweep) * 3  # (well past the knee)
     assert cal.saturated_rate == engine.saturated()[0]
-    assert cal.queued_scale == pytest.approx(stalls, rel=0.05)
-    assert f"steps x{cal.queued_scale:.2f} while requests wait" in cal.describe()
-    burst = [SimRequest(0.0, *SWEEP_CONTEXT) for _ in range(64)]
-    cost = dataclasses.replace(TRUE, queued=stalls)
-    engine_end = max(r.e2e_s or 0.0 for r in simulate(burst, CONFIG, cost))
-    predicted_end = max(r.e2e_s or 0.0 for r in simulate(burst, CONFIG, cal.cost()))
-    assert predicted_end == pytest.approx(engine_end, rel=0.05)
+    assert cal.arrival_s == pytest.approx(arrival_s, abs=0.0005)
+    assert cal.load_scale == pytest.approx(1.0, abs=0.05)
+    assert f"each arrival takes {cal.arrival_s * 1000:.2f} ms" in cal.describe()
+    [said] = engine.said
+    assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
+    # Past the knee, at 1.2 times what the engine serves.
+    truth = dataclasses.replace(TRUE, arrival_s=arrival_s)
+    rate = 1.2 * capacity_rps(Scenario(CONFIG, truth, PROFILE, 400))
+    stream = list(traffic(PROFILE, Arrival(rate=rate), 400, seed=9))
+    ends = [max(r.e2e_s or 0.0 for r in simulate(stream, CONFIG, c)) for c in (truth, cal.cost())]
+    assert ends[1] == pytest.approx(ends[0], rel=0.05)
 
 
-def test_a_run_past_the_knee_that_fails_keeps_the_tune_and_says_why(store: Engine) -> None:
-    engine = FakeEngine(store, stalls=1.4)
+def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
+    store: Engine,
+) -> None:
+    engine = FakeEngine(store, arrival_s=0.002)
     measure = engine.run
 
     def failing(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -216,14 +225,14 @@ def test_a_run_past_the_knee_that_fails_keeps_the_tune_and_says_why(store: Engin
         return measure(kind, params)
 
     cal = calibration.calibrate(store, failing, CONFIG, engine.said.append)
-    assert cal.tuned_rate is not None and cal.load_scale == pytest.approx(1.0, abs=0.1)
-    assert (cal.queued_scale, cal.saturated_rate) == (1.0, None)
+    assert cal.tuned_rate is not None and cal.load_scale > 1  # (the arrivals in the steps)
+    assert (cal.arrival_s, cal.saturated_rate) == (0.0, None)
     [said] = engine.said
     assert said.startswith("the run past the knee at ") and said.endswith(
         " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
-        "keeps the tune alone there"
+        "leaves arrivals without a cost"
     )
-    assert "past the knee" not in cal.describe()
+    assert "arrival takes" not in cal.describe()
 
 
 def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:
