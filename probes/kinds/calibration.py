@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 
 from planner.errors import InvalidInput, TargetError
-from planner.simulate import EngineConfig
+from planner.simulate import EngineConfig, SimRequest
 from planner.simulate.calibrate import (
     CALIBRATION_KEY,
     LOAD_PARAMS,
@@ -31,6 +32,7 @@ from planner.simulate.calibrate import (
     Sweep,
     arrival_cost,
     bursts,
+    full_batch,
     load_rate,
     quiet_fit,
     saturated_rate,
@@ -72,8 +74,9 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     fitted, sweep = quiet(store, run, engine)
-    priced = _arrivals_priced(store, run, fitted, saturated_rate(fitted, sweep), say)
-    return _tuned(store, run, priced, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
+    priced, past = _arrivals_priced(store, run, fitted, saturated_rate(fitted, sweep), say)
+    tuned, again = _tuned(store, run, priced, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
+    return tuned if past is None else full_batch(tuned, *past, again)
 
 
 def retune(
@@ -103,15 +106,20 @@ def retune(
         )
     rate = stored.tuned_rate or load_rate(stored)
     seed = time.time_ns() % 2**31 if seed is None else seed
-    return _tuned(store, run, stored, rate, seed, say)
+    return _tuned(store, run, stored, rate, seed, say)[0]
+
+
+# An open-loop run's requests as sent and their measured (TTFT, E2E), in the same order.
+Replayed = tuple[list[SimRequest], list[tuple[float, float]]]
 
 
 def _arrivals_priced(
     store: Engine, run: RunProbe, fitted: Calibration, rate: float, say: Callable[[str], None]
-) -> Calibration:
+) -> tuple[Calibration, Replayed | None]:
     """`fitted` with the engine time each arrival takes, read from an open-loop run at
-    `rate`, past the knee (`arrival_cost`); as it was, with the reason said through `say`,
-    when that run fails or cannot tell (the rest of the calibration goes on without it)."""
+    `rate`, past the knee (`arrival_cost`), and that run; as it was, with the reason said
+    through `say`, when that run fails or cannot tell (the rest of the calibration goes on
+    without it)."""
     try:
         run_id, _ = run("latency", dict(SATURATED_PARAMS, rate=rate))
     except TargetError as err:
@@ -123,15 +131,30 @@ def _arrivals_priced(
     if cost is None:
         say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
             "arrivals without a cost")  # fmt: skip
-        return fitted
+        return fitted, None
     say(f"the run past the knee at {rate:g} req/s: {how}; each arrival takes "
         f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
-    return fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
+    priced = fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
+    return priced, (requests, measured)
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:
     """The engine's steps behind a run's answers, read back from their token times."""
     return observed_steps(TokenTimes(*t) for t in q.token_times(store, run_id))
+
+
+@dataclass(frozen=True, slots=True)
+class _TuningRun:
+    """The open-loop run a calibration was tuned on: called, the tune again on it of a
+    calibration changed since (its steps already fitted on)."""
+
+    requests: list[SimRequest]
+    rate: float
+    figures: tuple[float, float]
+    measured: list[tuple[float, float]]
+
+    def __call__(self, cal: Calibration) -> Calibration:
+        return tune(cal, self.requests, self.rate, *self.figures, self.measured)
 
 
 def _tuned(
@@ -141,23 +164,24 @@ def _tuned(
     rate: float,
     seed: int,
     say: Callable[[str], None],
-) -> Calibration:
+) -> tuple[Calibration, Callable[[Calibration], Calibration]]:
     """`fitted` tuned on an open-loop run at `rate`, made again at half the rate, with
-    prompts of its own (`seed` + try), while it queued."""
+    prompts of its own (`seed` + try), while it queued; and the tune on that run again, of
+    a calibration changed since (its steps already fitted on)."""
     refused: list[str] = []
     for attempt in range(LOAD_TRIES):
         load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate, seed=seed + attempt))
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
         if why is None and loaded.tune_figures is not None:  # (refused without them)
-            return tune(
-                fitted,
+            made = _TuningRun(
                 replay(q.replayable(store, load_id)),
                 rate,
-                *loaded.tune_figures,
+                loaded.tune_figures,
                 q.replayed_latencies(store, load_id),
-                steps_of(store, load_id).steps,
             )
+            steps = steps_of(store, load_id).steps
+            return tune(fitted, made.requests, rate, *made.figures, made.measured, steps), made
         refused.append(f"at {rate:g} req/s it {why}")
         say(f"the open-loop run to tune on {refused[-1]}; again at half the rate")
         rate = round(rate / 2, 2)

@@ -22,6 +22,7 @@ from planner.simulate.calibrate import (
     bursts,
     decode_samples,
     fit,
+    full_batch,
     load_rate,
     on_steps,
     prefill_samples,
@@ -204,6 +205,17 @@ def test_a_run_past_the_knee_without_a_drain_prices_nothing_and_says_why() -> No
     slowed = {id(r.request): r for r in simulate(burst, CONFIG, TRUE, speed=slowing)}
     measured = [(slowed[id(r)].ttft_s or 0.0, slowed[id(r)].e2e_s or 0.0) for r in burst]
     assert arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
+
+
+def test_a_run_without_a_drain_leaves_the_full_batch_as_tuned() -> None:
+    cal = fit(*samples(), CONFIG)
+    light = [SimRequest(1.0 * i, 256, 64) for i in range(60)]
+    measured = [(r.ttft_s or 0.0, r.e2e_s or 0.0) for r in simulate(light, CONFIG, TRUE)]
+
+    def never(_: Calibration) -> Calibration:
+        raise AssertionError("nothing to tune again for")
+
+    assert full_batch(cal, light, measured, never) == cal
 
 
 def test_a_calibration_stored_with_a_queued_scale_reads_as_unmeasured_past_the_knee() -> None:

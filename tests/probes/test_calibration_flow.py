@@ -37,12 +37,19 @@ PROFILE = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTE
 class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
     stores their requests; its tuning runs report a standing queue `queued` times. Each
-    arrival takes `arrival_s` of its steps' time."""
+    arrival takes `arrival_s` of its steps' time, and under open-loop load a sequence
+    costs a step `seq_extra` more than quiet."""
 
     def __init__(
-        self, store: Engine, queued: int = 0, bursts: bool = False, arrival_s: float = 0.0
+        self,
+        store: Engine,
+        queued: int = 0,
+        bursts: bool = False,
+        arrival_s: float = 0.0,
+        seq_extra: float = 0.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
+        self.seq_extra = seq_extra
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
@@ -77,20 +84,21 @@ class FakeEngine:
         profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
         n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
-        ttft, tpot = self.store_requests(run_id, arrivals, self.slow)
+        ttft, tpot = self.store_requests(run_id, arrivals, self.slow, self.seq_extra)
         queued = not self.past_knee(params) and len(self.rates()) <= self.queued
         queue_s = 2 * ttft if queued else 0.0
         return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": tpot,
                 "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
 
     def store_requests(
-        self, run_id: int, requests: list[SimRequest], slow: float = 1.0
+        self, run_id: int, requests: list[SimRequest], slow: float = 1.0, seq_extra: float = 0.0
     ) -> tuple[float, dict[str, float]]:
-        """Store what the simulator with the true cost (`slow` times it) says of `requests`;
-        their TTFT median and TPOT median and mean."""
+        """Store what the simulator with the true cost (`slow` times it, a sequence
+        `seq_extra` more) says of `requests`; their TTFT median and TPOT median and mean."""
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
-            seq_s=TRUE.seq_s * slow, pair_s=TRUE.pair_s * slow, arrival_s=self.arrival_s,
+            seq_s=(TRUE.seq_s + seq_extra) * slow, pair_s=TRUE.pair_s * slow,
+            arrival_s=self.arrival_s,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -179,34 +187,38 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
     assert again.load_scale == pytest.approx(1.6, rel=0.1)
     kept = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples",
-            "arrival_s", "saturated_rate")  # fmt: skip
+            "arrival_s", "saturated_rate", "load_seq_s")  # fmt: skip
     assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
 
-@pytest.mark.parametrize("arrival_s", [0.0, 0.002, 0.005])
-def test_a_run_past_the_knee_prices_each_arrival_before_the_tune(
-    store: Engine, arrival_s: float
+@pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])
+def test_a_run_past_the_knee_prices_each_arrival_and_the_full_batch(
+    store: Engine, arrival_s: float, seq_extra: float
 ) -> None:
     """The first open-loop run is past the knee, with prompts of its own; the engine time
     each arrival takes is read from it and the tune replays with it, so that the tune
-    still finds the engine's own steps and predictions past the knee serve what the
-    engine serves."""
-    engine = FakeEngine(store, arrival_s=arrival_s)
+    still finds the engine's own steps; its drain gives a full batch's cost a sequence
+    (more under load than quiet), and predictions past the knee serve what the engine
+    serves."""
+    engine = FakeEngine(store, arrival_s=arrival_s, seq_extra=seq_extra)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
-    quiet = cal.model_copy(update={"load_scale": 1.0, "load_api_s": 0.0, "arrival_s": 0.0})
+    quiet = cal.model_copy(
+        update={"load_scale": 1.0, "load_api_s": 0.0, "arrival_s": 0.0, "load_seq_s": 0.0}
+    )
     sweep = Sweep.model_validate(engine.sweep())
     assert engine.saturated() == [saturated_rate(quiet, sweep)]
     assert engine.open_loop()[0] == dict(SATURATED_PARAMS, rate=engine.saturated()[0])
     assert engine.saturated()[0] > load_rate(quiet, sweep) * 3  # (well past the knee)
     assert cal.saturated_rate == engine.saturated()[0]
     assert cal.arrival_s == pytest.approx(arrival_s, abs=0.0005)
+    assert cal.load_seq_s == pytest.approx(seq_extra, abs=5e-5)
     assert cal.load_scale == pytest.approx(1.0, abs=0.05)
     assert f"each arrival takes {cal.arrival_s * 1000:.2f} ms" in cal.describe()
     [said] = engine.said
     assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
     # Past the knee, at 1.2 times what the engine serves.
-    truth = dataclasses.replace(TRUE, arrival_s=arrival_s)
+    truth = dataclasses.replace(TRUE, arrival_s=arrival_s, seq_s=TRUE.seq_s + seq_extra)
     rate = 1.2 * capacity_rps(Scenario(CONFIG, truth, PROFILE, 400))
     stream = list(traffic(PROFILE, Arrival(rate=rate), 400, seed=9))
     ends = [max(r.e2e_s or 0.0 for r in simulate(stream, CONFIG, c)) for c in (truth, cal.cost())]
