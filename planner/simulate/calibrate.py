@@ -710,11 +710,12 @@ def full_batch(
     them: the cost a sequence adds to a step under load (`load_seq_s`) at which the
     replay's drain (`_sides`: a full batch, a queue, nothing arriving) gives the drain's
     measured TPOT mean, then the tune made again (`tune_again`, on its own run) so that
-    small batches keep theirs; in turn until that cost settles. The tuning run at 40 % of capacity
-    seldom fills the batch, and one scale on every step put the CPU engine's full-batch
-    drain 12-13 % faster than measured (2.39 ms against 2.69-2.71), so the simulator
-    served 18 % more than the engine at 5 % over its capacity (44.8 req/s against 38).
-    Unchanged when the run has too few requests in its drain."""
+    small batches keep theirs; in turn until that cost settles. The tuning run at 40 % of
+    capacity seldom fills the batch, and one scale on every step put the CPU engine's
+    full-batch drain 12-13 % faster than measured (about 2.4 ms against 2.69-2.71), so the
+    simulator served 18 % more than the engine at 5 % over its capacity (44.8 req/s
+    against 38). Unchanged when the run has too few requests in its drain, or when no
+    cost a sequence within reach gives it."""
     config = calibration.config()
     seqs = config.max_num_seqs
     target = _sides(requests, measured, seqs).drain

@@ -91,8 +91,9 @@ class StepCost:
     `arrival_s`: engine time each request arriving takes while a batch runs (on a shared
     host the API server and the client, taking a request in, take CPU from the engine's
     steps; past the knee the CPU engine's steps ran a sixth slower while requests arrived
-    than in the queue's drain after): the step that follows the arrival lasts that much
-    longer. 0 on a roofline; a calibration measures it (`arrival_cost`)."""
+    than in the queue's drain after): the steps that follow the arrival pay it, each at
+    most doubled (a burst's intake shares the engine's CPU, it does not stop the engine).
+    0 on a roofline; a calibration measures it (`arrival_cost`)."""
 
     overhead_s: float
     weights_read_s: float
@@ -534,7 +535,7 @@ class _Engine:
         self.free = config.num_blocks  # held by nothing, cached by nothing
         self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
-        self.debt = 0.0  # engine time arrivals took since the last step (StepCost.arrival_s)
+        self.debt = 0.0  # engine time arrivals took not yet paid by steps (StepCost.arrival_s)
         self.decoding = False  # every running request decoding, its last token at `now`
         # A request just joined an empty queue: the next step most likely admits it, so no
         # stretch is tried first (one would stop at once; a step is the same either way).
@@ -549,6 +550,7 @@ class _Engine:
             if not self.waiting and not self.running.n:
                 assert self.pending is not None
                 self.now = self.pending.arrival_s
+                self.debt = 0.0  # (paid while the engine idled)
                 continue
             if self.now >= self.window_end:
                 self.next_window()
@@ -568,10 +570,11 @@ class _Engine:
             yield from self.end_of_step()
 
     def charged(self, step_s: float) -> float:
-        """How long a step that costs `step_s` lasts: with the time arrivals took since the
-        last one, at the host's speed in this window."""
-        step, self.debt = (step_s + self.debt) * self.factor, 0.0
-        return step
+        """How long a step that costs `step_s` lasts: with what it pays of the time arrivals
+        took, at the host's speed in this window."""
+        paid = min(self.debt, step_s)  # (at most doubled: see StepCost.arrival_s)
+        self.debt -= paid
+        return (step_s + paid) * self.factor
 
     def next_window(self) -> None:
         """The host speed's window that `now` is in."""
@@ -883,6 +886,8 @@ class _Engine:
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
+        if self.debt > steps[0]:
+            return False  # (steps one by one pay it off: `charged`)
         steps[0] += self.debt  # (as `charged`: the debt, then the host's speed)
         if self.factor != 1:
             steps *= self.factor

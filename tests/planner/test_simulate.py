@@ -406,19 +406,23 @@ def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["few-seqs"], CONFIGS["preempting"]],
                          ids=["ample", "few-seqs", "preempting"])  # fmt: skip
 def test_each_arrival_takes_its_engine_time_from_the_step_after_it(config: EngineConfig) -> None:
-    """`StepCost.arrival_s` lengthens the step after each arrival that finds a batch
-    running: an idle engine loses nothing; a lone request with five arrivals waiting
-    behind it ends five arrival costs later; decode stretches end at each arrival, giving
-    what step-by-step runs give, to the bit."""
+    """`StepCost.arrival_s` lengthens the steps after each arrival that finds a batch
+    running, each at most doubled: an idle engine loses nothing; a lone request with
+    arrivals waiting behind it ends their costs later, a burst of them spread over its
+    steps; decode stretches end at each arrival, giving what step-by-step runs give, to
+    the bit."""
     taxed = replace(COST, arrival_s=0.004)
     lone = [SimRequest(10.0 * i, 300, 40) for i in range(5)]
     assert list(simulate(lone, config, taxed)) == list(simulate(lone, config, COST))
 
     one_seq = replace(config, max_num_seqs=1)
-    behind = [SimRequest(0.0, 100, 400)] + [SimRequest(0.01 * i, 50, 5) for i in range(1, 6)]
-    first = {c: next(iter(simulate(behind, one_seq, c))) for c in (COST, taxed)}
-    assert first[COST].request is behind[0] and first[taxed].request is behind[0]
-    assert first[taxed].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + 5 * 0.004)
+    for gap in (0.03, 0.0):  # (one a step, then all five at once)
+        behind = [SimRequest(0.0, 100, 400)] + [SimRequest(0.01 + gap * i, 50, 5) for i in range(5)]
+        first = {c: next(iter(simulate(behind, one_seq, c))) for c in (COST, taxed)}
+        assert first[COST].request is behind[0] and first[taxed].request is behind[0]
+        assert first[taxed].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + 5 * 0.004)
+        step = COST.step_s(1, 500)
+        assert first[taxed].itl_max_s == pytest.approx(step + 0.004 if gap else 2 * step, rel=0.01)
 
     # Near the knee: full batches, queues, arrivals inside stretches.
     burst = [SimRequest(0.0, 200, 100) for _ in range(8 * config.max_num_seqs)]
@@ -429,11 +433,13 @@ def test_each_arrival_takes_its_engine_time_from_the_step_after_it(config: Engin
     traffic = [
         SimRequest(float(t), int(rng.integers(100, 300)), int(rng.integers(50, 150))) for t in times
     ]
-    slow_stats, fast_stats, plain_stats = EngineStats(), EngineStats(), EngineStats()
-    slow = list(simulate(traffic, config, taxed, slow_stats, fast_forward=False))
-    fast = list(simulate(traffic, config, taxed, fast_stats))
+    plain_stats = EngineStats()
     list(simulate(traffic, config, COST, plain_stats))
-    assert slow == fast and fast_stats.stretches > 0
-    assert fast_stats.steps == slow_stats.steps
-    assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
-    assert fast_stats.busy_s > plain_stats.busy_s  # (arrivals found a batch running)
+    for cost in (taxed, replace(COST, arrival_s=0.03)):  # (the second outlasts a step)
+        slow_stats, fast_stats = EngineStats(), EngineStats()
+        slow = list(simulate(traffic, config, cost, slow_stats, fast_forward=False))
+        fast = list(simulate(traffic, config, cost, fast_stats))
+        assert slow == fast and fast_stats.stretches > 0
+        assert fast_stats.steps == slow_stats.steps
+        assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
+        assert fast_stats.busy_s > plain_stats.busy_s  # (arrivals found a batch running)
