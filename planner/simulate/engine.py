@@ -867,7 +867,8 @@ class _Engine:
             return False
         budget = config.max_num_batched_tokens - n
         arrival = math.inf
-        # Blocked now means blocked throughout: free blocks only shrink in the stretch.
+        # A head of the queue it could admit now ends it before it starts (a blocked one
+        # stays blocked throughout: free blocks only shrink in the stretch).
         if (
             self.waiting
             and n < config.max_num_seqs
