@@ -595,7 +595,7 @@ def tune(
         return float(np.mean(tpots)), float(np.median(ttfts))
 
     # TPOT grows with the step cost.
-    scale = _log_bisect(lambda k: figures(replayed(k))[0], tpot_mean_s, 0.25, 8.0, 40)
+    scale = _bisect(lambda k: figures(replayed(k))[0], tpot_mean_s, 0.25, 8.0, 40, log=True)
     results = replayed(scale)
     api_s = ttft_p50_s - figures(results)[1]  # the API's time under load: request_s
     noise: list[tuple[float, float]] = []
@@ -738,31 +738,36 @@ def full_batch(
         low, high = -cal.seq_s, cal.overhead_s  # (a sequence costs at most a step's overhead more)
         if not with_extra(low) <= want <= with_extra(high):
             break  # (nothing within reach: the tune stands)
-        for _ in range(20):
-            mid = (low + high) / 2
-            if with_extra(mid) < want:
-                low = mid
-            else:
-                high = mid
-        before, extra = cal.load_seq_s, (low + high) / 2
+        before, extra = cal.load_seq_s, _bisect(with_extra, want, low, high, 20, log=False)
         cal = tune_again(cal.model_copy(update={"load_seq_s": extra}))
         if abs(extra - before) < FULL_BATCH_SETTLED_S:
             break
     return cal
 
 
-def _log_bisect(
-    grows: Callable[[float], float], target: float, low: float, high: float, steps: int
+def _bisect(
+    grows: Callable[[float], float],
+    target: float,
+    low: float,
+    high: float,
+    steps: int,
+    *,
+    log: bool,
 ) -> float:
     """The x in [low, high] where `grows` (increasing in x) reaches `target`, by `steps`
-    halvings on a log scale (a scale is as likely to be half as twice)."""
+    halvings; on a log scale with `log` (a scale is as likely to be half as twice; a
+    range from below 0 cannot be)."""
+
+    def middle(a: float, b: float) -> float:
+        return math.sqrt(a * b) if log else (a + b) / 2
+
     for _ in range(steps):
-        mid = math.sqrt(low * high)
+        mid = middle(low, high)
         if grows(mid) < target:
             low = mid
         else:
             high = mid
-    return math.sqrt(low * high)
+    return middle(low, high)
 
 
 def host_speed(

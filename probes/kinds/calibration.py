@@ -125,8 +125,7 @@ def _arrivals_priced(
     except TargetError as err:
         cost, how = None, f"failed: {err}"
     else:
-        requests = replay(q.replayable(store, run_id))
-        measured = q.replayed_latencies(store, run_id)
+        requests, measured = _replayed(store, run_id)
         cost, how = arrival_cost(requests, measured, fitted.config().max_num_seqs)
     if cost is None:
         say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
@@ -136,6 +135,11 @@ def _arrivals_priced(
         f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
     priced = fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
     return priced, (requests, measured)
+
+
+def _replayed(store: Engine, run_id: int) -> Replayed:
+    """A stored open-loop run's requests as sent, and what each measured."""
+    return replay(q.replayable(store, run_id)), q.replayed_latencies(store, run_id)
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:
@@ -174,12 +178,8 @@ def _tuned(
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
         if why is None and loaded.tune_figures is not None:  # (refused without them)
-            made = _TuningRun(
-                replay(q.replayable(store, load_id)),
-                rate,
-                loaded.tune_figures,
-                q.replayed_latencies(store, load_id),
-            )
+            requests, measured = _replayed(store, load_id)
+            made = _TuningRun(requests, rate, loaded.tune_figures, measured)
             steps = steps_of(store, load_id).steps
             return tune(fitted, made.requests, rate, *made.figures, made.measured, steps), made
         refused.append(f"at {rate:g} req/s it {why}")
