@@ -405,7 +405,7 @@ def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
 
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["few-seqs"], CONFIGS["preempting"]],
                          ids=["ample", "few-seqs", "preempting"])  # fmt: skip
-def test_each_arrival_takes_its_engine_time_from_the_step_after_it(config: EngineConfig) -> None:
+def test_each_arrival_takes_its_engine_time_from_the_steps_after_it(config: EngineConfig) -> None:
     """`StepCost.arrival_s` lengthens the steps after each arrival that finds a batch
     running, each at most doubled: an idle engine loses nothing; a lone request with
     arrivals waiting behind it ends their costs later, a burst of them spread over its
