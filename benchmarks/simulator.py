@@ -382,7 +382,8 @@ def main() -> None:
         print(
             f"  quiet step = {cal.overhead_s * 1000:.2f} ms + {cal.token_s * 1e6:.2f} us a "
             f"token + {cal.seq_s * 1e6:.0f} us a sequence + {cal.pair_s * 1e9:.1f} ns an "
-            f"attention pair; API {cal.api_s * 1000:.2f} ms",
+            f"attention pair + {cal.kv_s * 1e9:.1f} ns a cached token; API "
+            f"{cal.api_s * 1000:.2f} ms",
             flush=True,
         )
         print(HEADER, flush=True)

@@ -2,14 +2,18 @@
 
 Two kinds of measurement pin a step cost down. Decode steps: in a closed-loop batch sweep
 at concurrency c, the typical inter-token gap is one step with c sequences decoding, each
-attending over its prompt and about half its answer. Prefill steps: a lone request's TTFT is
-the API's own time plus the steps of its prompt's chunks (the engine's token budget each).
-The fit is the additive model
+attending over its prompt and about half its answer; a lone request's TPOT is one sequence
+decoding over its prompt. Prefill steps: a lone request's TTFT is the API's own time plus
+the steps of its prompt's chunks (the engine's token budget each). The fit is the additive
+model
 
     step = overhead + tokens x token_s + sequences x seq_s + attention pairs x pair_s
+           + cached tokens x kv_s
 
 (a sequence costs sampling and streaming its token; a pair is a query token against a
-cached one, the quadratic part of a long prefill), with the API's time (HTTP, tokenising)
+cached one, the quadratic part of a long prefill; a cached token is one the step's
+sequences hold, read once a step: a decode's attention over a long context), with the
+API's time (HTTP, tokenising)
 added once to TTFT and E2E, solved by least squares on relative errors over the median of
 each measurement, every coefficient kept non-negative. The residuals say how far a
 calibrated prediction can be trusted, and the longest prompt and largest batch measured
@@ -43,7 +47,8 @@ from planner.simulate.steps import ObservedStep
 CALIBRATION_KEY = "calibration:{}"
 # The measurements a calibration takes (at most a few minutes on the CPU engine): a
 # closed-loop batch sweep for decode steps, and lone requests of three prompt lengths, one
-# every 4 s, for prefill steps and the API's time.
+# every 4 s, for prefill steps, the API's time and how a decode step grows with its context
+# (their answers long enough to time a few steps each).
 SWEEP_CONTEXT = (256, 64)  # prompt and output tokens of the sweep's requests
 SWEEP_PARAMS: dict[str, Any] = {
     "concurrencies": [1, 2, 4, 8],
@@ -55,7 +60,7 @@ PREFILL_PARAMS: dict[str, Any] = {
     "rate": 0.25,
     "arrival": "constant",
     "duration_s": 48.0,
-    "profile": {"kind": "empirical", "pairs": [[64, 4], [1024, 4], [4096, 4]]},
+    "profile": {"kind": "empirical", "pairs": [[64, 16], [1024, 16], [4096, 16]]},
 }
 
 
@@ -67,6 +72,7 @@ class DecodeSample:
     batch: int
     context: float
     itl_s: float
+    alone: bool = False  # a lone request's (no prompts join its steps), not a closed loop's
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,21 @@ def bursts(sweep: Sweep) -> str | None:
     return None
 
 
+def lone_decodes(
+    records: Iterable[tuple[int | None, int | None, float | None, float | None]],
+) -> list[DecodeSample]:
+    """Decode samples from lone requests' (prompt tokens, output tokens, TTFT, E2E)
+    records: each answer's TPOT, one sequence attending over its prompt and half its
+    answer. The sweep decodes at one context only; these tell a long context's cost."""
+    out = []
+    for prompt, output, ttft, e2e in records:
+        if prompt and output and output > 1 and ttft is not None and e2e is not None:
+            tpot = (e2e - ttft) / (output - 1)
+            if tpot > 0:
+                out.append(DecodeSample(1, prompt + output / 2, tpot, alone=True))
+    return out
+
+
 def sweep_prefills(sweep: Sweep) -> list[PrefillSample]:
     """The sweep's one-at-a-time step: each request alone, its median TTFT a prefill."""
     for step in sweep.steps:
@@ -200,6 +221,7 @@ class Calibration(BaseModel):
     seq_s: float = Field(ge=0)
     pair_s: float = Field(ge=0)
     api_s: float = Field(ge=0)
+    kv_s: float = Field(0.0, ge=0)  # (0 in a calibration stored before it was fitted)
     # The 10th and 90th percentiles of measured / fitted - 1 over every sample.
     residual_low: float
     residual_high: float
@@ -224,7 +246,8 @@ class Calibration(BaseModel):
     # TPOT median of the requests decoding in it over the tuned replay's, over their mean.
     # A prediction draws its windows from these.
     speed: list[float] = Field(default_factory=list)
-    # The quiet fit's rows (steps, tokens, sequences, pairs, API) and medians, to fit again
+    # The quiet fit's rows (steps, tokens, sequences, pairs, cached tokens, API; stored
+    # before the cached tokens, without them) and medians, to fit again
     # with a tuning run's steps (`on_steps`), and how many kinds of those steps it was.
     quiet_rows: list[list[float]] = Field(default_factory=list)
     quiet_s: list[float] = Field(default_factory=list)
@@ -254,7 +277,7 @@ class Calibration(BaseModel):
         return StepCost(
             overhead_s=self.overhead_s * k,
             weights_read_s=0.0,
-            kv_token_read_s=0.0,
+            kv_token_read_s=self.kv_s * k,
             token_compute_s=self.token_s * k,
             additive=True,
             seq_s=max(self.seq_s + self.load_seq_s, 0.0) * k,
@@ -351,7 +374,7 @@ def _ago(seconds: float) -> str:
 def _prefill_row(prompt: int, config: EngineConfig) -> list[float]:
     """Features of a lone prompt's prefill: one step per chunk of the token budget."""
     cap = min(config.max_num_batched_tokens, config.prefill_cap)
-    row = [0.0, 0.0, 0.0, 0.0, 1.0]
+    row = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     done = 0
     while done < prompt:
         chunk = min(prompt - done, cap)
@@ -359,6 +382,7 @@ def _prefill_row(prompt: int, config: EngineConfig) -> list[float]:
         row[1] += chunk
         row[2] += 1
         row[3] += pairs_of(chunk, done)
+        row[4] += done + chunk
         done += chunk
     return row
 
@@ -378,18 +402,26 @@ def fit(
         raise InvalidInput("calibration needs TTFTs of lone requests at two prompt lengths or more")
     if any(d.itl_s <= 0 for d in decodes) or any(p.ttft_s <= 0 for p in prefills):
         raise InvalidInput("measured latencies must be above 0")
-    # Columns: steps (overhead), tokens, sequences, attention pairs, the API's time.
+    # Columns: steps (overhead), tokens, sequences, attention pairs, cached tokens, the
+    # API's time, and a lone decode's step (an engine woken from idle for a few steps runs
+    # them slower than a busy one: its own term, fitted and left out of the step cost, so
+    # that the lone decodes say how a step grows with the context, not how fast it is).
     rows, y = [], []
     # In a closed loop each request's prompt joins the decodes of the others once in its
     # life of `output` steps: on average a step also carries batch / output prompts.
     prompt, output = SWEEP_CONTEXT
     mixed = pairs_of(min(prompt, config.max_num_batched_tokens), 0) / output
-    for batch in sorted({d.batch for d in decodes}):
-        same = [d for d in decodes if d.batch == batch]
-        context = float(np.mean([d.context for d in same]))
-        tokens = batch * (1 + prompt / output)
-        rows.append([1.0, tokens, batch, batch * (context + 1 + mixed), 0.0])
-        y.append(float(np.median([d.itl_s for d in same])))
+    for batch, alone in sorted({(d.batch, d.alone) for d in decodes}):
+        for context in sorted({d.context for d in decodes if (d.batch, d.alone) == (batch, alone)}):
+            same = [d for d in decodes if (d.batch, d.alone, d.context) == (batch, alone, context)]
+            held = batch * (context + 1)
+            if alone:
+                rows.append([1.0, batch, batch, held, held, 0.0, 1.0])
+            else:
+                tokens = batch * (1 + prompt / output)
+                joined = batch * prompt / output
+                rows.append([1.0, tokens, batch, held + batch * mixed, held + joined, 0.0, 0.0])
+            y.append(float(np.median([d.itl_s for d in same])))
     for prompt in sorted({p.prompt_tokens for p in prefills}):
         rows.append(_prefill_row(prompt, config))
         y.append(float(np.median([p.ttft_s for p in prefills if p.prompt_tokens == prompt])))
@@ -399,7 +431,8 @@ def fit(
         token_s=float(beta[1]),
         seq_s=float(beta[2]),
         pair_s=float(beta[3]),
-        api_s=float(beta[4]),
+        kv_s=float(beta[4]),
+        api_s=float(beta[5]),
         residual_low=low,
         residual_high=high,
         quiet_rows=rows,
@@ -421,12 +454,17 @@ def fit(
 
 def quiet_fit(
     sweep: Sweep,
-    lone: Iterable[tuple[int | None, float | None]],
+    lone: Iterable[tuple[int | None, int | None, float | None, float | None]],
     config: EngineConfig,
 ) -> Calibration:
     """The fit of a calibration's first two measurements: a batch sweep's result and lone
-    requests' (prompt tokens, TTFT) records."""
-    return fit(decode_samples(sweep), sweep_prefills(sweep) + prefill_samples(lone), config)
+    requests' (prompt tokens, output tokens, TTFT, E2E) records."""
+    lone = list(lone)
+    return fit(
+        decode_samples(sweep) + lone_decodes(lone),
+        sweep_prefills(sweep) + prefill_samples((p, ttft) for p, _, ttft, _ in lone),
+        config,
+    )
 
 
 def _solved(rows: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[np.ndarray, float, float]:
@@ -457,7 +495,7 @@ def step_rows(
         if len(same) >= STEP_KIND_MIN:
             features = np.mean([s.features(config) for s in same], axis=0)
             seconds = float(np.median([s.seconds for s in same if s.seconds is not None]))
-            out.append(([1.0, *features.tolist(), 0.0], seconds, bool(prefills)))
+            out.append(([1.0, *features.tolist(), 0.0, 0.0], seconds, bool(prefills)))
     return out
 
 
@@ -477,10 +515,14 @@ def on_steps(calibration: Calibration, steps: Iterable[ObservedStep]) -> Calibra
     if not calibration.quiet_rows or len(plain) < 2 or len(plain) == len(rows):
         return calibration
     quiet = np.array([calibration.overhead_s, calibration.token_s, calibration.seq_s,
-                      calibration.pair_s, calibration.api_s])  # fmt: skip
+                      calibration.pair_s, calibration.kv_s, calibration.api_s, 0.0])  # fmt: skip
     load = float(np.median([y / float(np.dot(row, quiet)) for row, y in plain]))
+    # (Rows stored before the cached tokens were fitted: none counted, no lone decodes.)
+    stored = [
+        r if len(r) == len(quiet) else [*r[:4], 0.0, r[4], 0.0] for r in calibration.quiet_rows
+    ]
     beta, low, high = _solved(
-        [*calibration.quiet_rows, *(row for row, _, _ in rows)],
+        [*stored, *(row for row, _, _ in rows)],
         [*calibration.quiet_s, *(y / load for _, y, _ in rows)],
     )
     return calibration.model_copy(
@@ -489,7 +531,8 @@ def on_steps(calibration: Calibration, steps: Iterable[ObservedStep]) -> Calibra
             "token_s": float(beta[1]),
             "seq_s": float(beta[2]),
             "pair_s": float(beta[3]),
-            "api_s": float(beta[4]),
+            "kv_s": float(beta[4]),
+            "api_s": float(beta[5]),
             "residual_low": low,
             "residual_high": high,
             "step_kinds": len(rows),

@@ -49,10 +49,10 @@ class ObservedStep:
     decode_pairs: int
     prefills: tuple[int, ...]
 
-    def features(self, config: EngineConfig) -> tuple[int, int, int]:
-        """(tokens, sequences, attention pairs) as `StepCost.step_s` takes them; a prefill
-        longer than what the step's budget left (after the decodes and the prefills before
-        it) counts its last chunk only."""
+    def features(self, config: EngineConfig) -> tuple[int, int, int, int]:
+        """(tokens, sequences, attention pairs, cached tokens) as `StepCost.step_s` takes
+        them; a prefill longer than what the step's budget left (after the decodes and the
+        prefills before it) counts its last chunk only (and holds its whole prompt)."""
         tokens, pairs = self.decodes, self.decode_pairs
         room = max(config.max_num_batched_tokens - self.decodes, 1)
         for prompt in self.prefills:
@@ -60,12 +60,13 @@ class ObservedStep:
             tokens += chunk
             pairs += pairs_of(chunk, prompt - chunk)
             room = max(room - chunk, 1)
-        return tokens, self.decodes + len(self.prefills), pairs
+        held = self.decode_pairs + sum(self.prefills)  # (a decode's pairs are its context)
+        return tokens, self.decodes + len(self.prefills), pairs, held
 
     def modelled_s(self, cost: StepCost, config: EngineConfig) -> float:
         """What `cost` says this step takes."""
-        tokens, seqs, pairs = self.features(config)
-        return cost.step_s(tokens, 0, seqs, pairs)
+        tokens, seqs, pairs, held = self.features(config)
+        return cost.step_s(tokens, held, seqs, pairs)
 
 
 @dataclass(frozen=True, slots=True)

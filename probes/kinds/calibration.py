@@ -65,7 +65,13 @@ def quiet(store: Engine, run: RunProbe, engine: EngineConfig) -> tuple[Calibrati
         )
     prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
     frame = q.run_records(store, prefill_id)
-    lone = zip(frame["prompt_tokens"], frame["ttft_s"], strict=True)
+    lone = zip(
+        frame["prompt_tokens"],
+        frame["output_tokens"],
+        frame["ttft_s"],
+        frame["e2e_s"],
+        strict=True,
+    )
     return quiet_fit(sweep, lone, engine), sweep
 
 

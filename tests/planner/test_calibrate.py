@@ -24,6 +24,7 @@ from planner.simulate.calibrate import (
     fit,
     full_batch,
     load_rate,
+    lone_decodes,
     on_steps,
     prefill_samples,
     quiet_fit,
@@ -90,6 +91,48 @@ def test_the_fit_recovers_the_step_cost_and_the_api_time() -> None:
     assert cal.config() == CONFIG and cal.cost().additive
 
 
+def test_lone_decodes_say_what_a_cached_token_costs_and_not_how_fast_an_idle_engine_is() -> None:
+    """A decode step that reads each cached token (a CPU's attention over a long context):
+    the sweep decodes at one context only, lone answers at 64 to 4,096 tokens tell the
+    slope, even when an engine woken from idle runs their few steps slower; a calibration
+    stored before the term was fitted costs nothing for it."""
+    truth = replace(TRUE, kv_token_read_s=2e-7)
+    prompt, output = SWEEP_CONTEXT
+    decodes = []
+    for c in (1, 2, 4, 8):
+        backlog = [SimRequest(0.0, prompt, output) for _ in range(16 * c)]
+        done = simulate(backlog, replace(CONFIG, max_num_seqs=c), truth)
+        tpots = [r.tpot_s for r in done if r.tpot_s is not None][2 * c :]
+        decodes.append(DecodeSample(c, prompt + output / 2, float(np.median(tpots))))
+    prefills, lone = [], []
+    for n in (64, 1024, 4096):
+        (r,) = simulate([SimRequest(0.0, n, 16)], CONFIG, truth)
+        assert r.ttft_s is not None and r.e2e_s is not None
+        prefills.append(PrefillSample(n, API_S + r.ttft_s))
+        lone.append((n, 16, API_S + r.ttft_s, API_S + r.e2e_s + 15 * 0.0005))  # (idle: slower)
+    cal = fit([*decodes, *lone_decodes(lone)], prefills, CONFIG)
+    assert cal.kv_s == pytest.approx(2e-7, rel=0.15)
+    assert cal.cost().kv_token_read_s == cal.kv_s
+    assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=0.05)
+    long = SimRequest(0.0, 3000, 64)
+    (want,) = simulate([long], CONFIG, truth)
+    (got,) = simulate([long], CONFIG, cal.cost())
+    assert got.tpot_s == pytest.approx(want.tpot_s, rel=0.03)
+    # Without the lone decodes the sweep cannot tell it: a long context's steps come short.
+    (blind,) = simulate([long], CONFIG, fit(decodes, prefills, CONFIG).cost())
+    assert blind.tpot_s is not None and want.tpot_s is not None
+    assert blind.tpot_s < 0.95 * want.tpot_s
+    older = cal.model_dump(exclude={"kv_s"})
+    older["quiet_rows"] = [[*r[:4], r[5]] for r in cal.quiet_rows]  # (five columns then)
+    stored = Calibration.model_validate(older)
+    assert stored.kv_s == 0.0 and stored.cost().kv_token_read_s == 0.0
+    steps = [
+        ObservedStep(0.0, 0.002 + 0.0002 * k, k, k * 300, ()) for k in (1, 2, 4) for _ in range(20)
+    ]
+    steps += [ObservedStep(0.0, 0.004, 1, 300, (256,)) for _ in range(20)]
+    assert on_steps(stored, steps).step_kinds == 4  # (its rows fit again beside new ones)
+
+
 def test_noisy_measurements_widen_the_residuals_and_keep_coefficients_non_negative() -> None:
     cal = fit(*samples(noise=0.1, seed=3), CONFIG)
     assert cal.residual_low < -0.01 and cal.residual_high > 0.01
@@ -120,6 +163,13 @@ def test_samples_come_from_a_batch_sweep_and_lone_requests() -> None:
     assert sweep_prefills(sweep) == [PrefillSample(SWEEP_CONTEXT[0], 0.03)]
     pairs = [(64, 0.05), (None, 0.1), (1024, None), (1024, float("nan")), (4096, 0.4)]
     assert [p.prompt_tokens for p in prefill_samples(pairs)] == [64, 4096]
+    # A lone answer's TPOT: one sequence decoding over its prompt and half its answer.
+    records = [
+        (64, 16, 0.05, 0.08), (64, 1, 0.05, 0.05), (1024, 16, None, 0.2),
+        (1024, 16, 0.1, float("nan")), (4096, 16, 0.4, 0.4), (None, 16, 0.1, 0.2),
+    ]  # fmt: skip
+    (lone,) = lone_decodes(records)
+    assert lone == DecodeSample(1, 72, pytest.approx(0.002), alone=True)  # type: ignore[arg-type]
 
 
 def test_a_calibrated_scenario_keeps_what_was_measured() -> None:
@@ -277,8 +327,8 @@ def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:
     sweep = Sweep.model_validate(
         {"steps": [{"concurrency": d.batch, "tpot_s": {"p50": d.itl_s}} for d in decodes]}
     )
-    lone = [(p.prompt_tokens, p.ttft_s) for p in prefills]
-    assert quiet_fit(sweep, lone, CONFIG) == fit(decodes, prefills, CONFIG)
+    lone = [(p.prompt_tokens, 16, p.ttft_s, p.ttft_s + 15 * 0.002) for p in prefills]
+    assert quiet_fit(sweep, lone, CONFIG) == fit(decodes + lone_decodes(lone), prefills, CONFIG)
 
 
 def test_the_hosts_speed_is_measured_window_by_window_and_drawn_by_predictions() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -62,14 +64,19 @@ def test_a_step_is_modelled_with_its_prefill_chunk_within_the_budget() -> None:
     config = EngineConfig(num_blocks=1000, max_num_seqs=8, max_num_batched_tokens=512)
     cost = StepCost(0.001, 0.0, 0.0, 1e-5, additive=True, seq_s=1e-4, pair_s=1e-8)
     step = ObservedStep(at_s=0.0, seconds=0.008, decodes=7, decode_pairs=7 * 300, prefills=(600,))
-    tokens, seqs, pairs = step.features(config)
+    tokens, seqs, pairs, held = step.features(config)
     assert (tokens, seqs) == (7 + 505, 8)
     assert pairs == 7 * 300 + 505 * 95 + 505 * 506 // 2
+    assert held == 7 * 300 + 600  # (the decodes' contexts and the whole prompt, once)
     # Two prefills finished in one step share what the decodes left of the budget.
     two = ObservedStep(at_s=0.0, seconds=0.01, decodes=7, decode_pairs=0, prefills=(300, 300))
     assert two.features(config)[:2] == (7 + 300 + 205, 9)
     assert step.modelled_s(cost, config) == pytest.approx(
         0.001 + tokens * 1e-5 + seqs * 1e-4 + pairs * 1e-8
+    )
+    read = replace(cost, kv_token_read_s=2e-8)
+    assert step.modelled_s(read, config) == pytest.approx(
+        step.modelled_s(cost, config) + held * 2e-8
     )
 
 
