@@ -379,13 +379,7 @@ def main() -> None:
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         cal = calibrate(worker, request)
         print(cal.describe(), flush=True)
-        print(
-            f"  quiet step = {cal.overhead_s * 1000:.2f} ms + {cal.token_s * 1e6:.2f} us a "
-            f"token + {cal.seq_s * 1e6:.0f} us a sequence + {cal.pair_s * 1e9:.1f} ns an "
-            f"attention pair + {cal.kv_s * 1e9:.1f} ns a cached token; API "
-            f"{cal.api_s * 1000:.2f} ms",
-            flush=True,
-        )
+        print(f"  {cal.quiet_step()}", flush=True)
         print(HEADER, flush=True)
         firsts: dict[str, dict[str, Any] | None] = {}
         for workload in WORKLOADS:

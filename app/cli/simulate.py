@@ -276,8 +276,4 @@ def calibrate(
         typer.echo(fitted.model_dump_json(indent=2))
         return
     typer.echo(fitted.describe(time.time()))
-    typer.echo(
-        f"quiet step = {fitted.overhead_s * 1000:.2f} ms + {fitted.token_s * 1e6:.2f} us a "
-        f"token + {fitted.seq_s * 1e6:.0f} us a sequence + {fitted.pair_s * 1e9:.1f} ns an "
-        f"attention pair; API {fitted.api_s * 1000:.2f} ms a request"
-    )
+    typer.echo(fitted.quiet_step())

@@ -294,6 +294,15 @@ class Calibration(BaseModel):
         """The engine settings it was fitted on."""
         return EngineConfig(**self.engine)  # type: ignore[arg-type]
 
+    def quiet_step(self) -> str:
+        """The quiet fit's step cost and API time, as a formula to read."""
+        return (
+            f"quiet step = {self.overhead_s * 1000:.2f} ms + {self.token_s * 1e6:.2f} us a "
+            f"token + {self.seq_s * 1e6:.0f} us a sequence + {self.pair_s * 1e9:.1f} ns an "
+            f"attention pair + {self.kv_s * 1e9:.1f} ns a cached token; API "
+            f"{self.api_s * 1000:.2f} ms a request"
+        )
+
     def fit_error(self) -> str:
         """How far its fit missed the measurements it was fitted on."""
         return (

@@ -113,6 +113,7 @@ def test_lone_decodes_say_what_a_cached_token_costs_and_not_how_fast_an_idle_eng
     cal = fit([*decodes, *lone_decodes(lone)], prefills, CONFIG)
     assert cal.kv_s == pytest.approx(2e-7, rel=0.15)
     assert cal.cost().kv_token_read_s == cal.kv_s
+    assert f"+ {cal.kv_s * 1e9:.1f} ns a cached token;" in cal.quiet_step()
     assert cal.overhead_s == pytest.approx(TRUE.overhead_s, rel=0.05)
     long = SimRequest(0.0, 3000, 64)
     (want,) = simulate([long], CONFIG, truth)
