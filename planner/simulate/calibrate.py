@@ -420,28 +420,22 @@ def fit(
     # life of `output` steps: on average a step also carries batch / output prompts.
     prompt, output = SWEEP_CONTEXT
     mixed = pairs_of(min(prompt, config.max_num_batched_tokens), 0) / output
-    for batch, alone in sorted({(d.batch, d.alone) for d in decodes}):
-        for context in sorted({d.context for d in decodes if (d.batch, d.alone) == (batch, alone)}):
-            same = [d for d in decodes if (d.batch, d.alone, d.context) == (batch, alone, context)]
-            held = batch * (context + 1)
-            if alone:
-                rows.append([1.0, batch, batch, held, held, 0.0, 1.0])
-            else:
-                tokens = batch * (1 + prompt / output)
-                joined = batch * prompt / output
-                rows.append([1.0, tokens, batch, held + batch * mixed, held + joined, 0.0, 0.0])
-            y.append(float(np.median([d.itl_s for d in same])))
+    for batch, alone, context in sorted({(d.batch, d.alone, d.context) for d in decodes}):
+        same = [d for d in decodes if (d.batch, d.alone, d.context) == (batch, alone, context)]
+        held = batch * (context + 1)
+        if alone:
+            rows.append([1.0, batch, batch, held, held, 0.0, 1.0])
+        else:
+            tokens = batch * (1 + prompt / output)
+            joined = batch * prompt / output
+            rows.append([1.0, tokens, batch, held + batch * mixed, held + joined, 0.0, 0.0])
+        y.append(float(np.median([d.itl_s for d in same])))
     for prompt in sorted({p.prompt_tokens for p in prefills}):
         rows.append(_prefill_row(prompt, config))
         y.append(float(np.median([p.ttft_s for p in prefills if p.prompt_tokens == prompt])))
     beta, low, high = _solved(rows, y)
     return Calibration(
-        overhead_s=float(beta[0]),
-        token_s=float(beta[1]),
-        seq_s=float(beta[2]),
-        pair_s=float(beta[3]),
-        kv_s=float(beta[4]),
-        api_s=float(beta[5]),
+        **_coefficients(beta),
         residual_low=low,
         residual_high=high,
         quiet_rows=rows,
@@ -459,6 +453,16 @@ def fit(
             "long_prefill_token_threshold": config.long_prefill_token_threshold,
         },
     )
+
+
+# The fitted coefficients, in the order of the fit's columns; the last column, a lone
+# decode's step, is fitted and left out (`fit`).
+_COEFFICIENTS = ("overhead_s", "token_s", "seq_s", "pair_s", "kv_s", "api_s")
+
+
+def _coefficients(beta: np.ndarray) -> dict[str, float]:
+    """A fit's solution as the calibration's coefficients."""
+    return {name: float(b) for name, b in zip(_COEFFICIENTS, beta, strict=False)}
 
 
 def quiet_fit(
@@ -523,8 +527,7 @@ def on_steps(calibration: Calibration, steps: Iterable[ObservedStep]) -> Calibra
     plain = [(row, y) for row, y, prefill in rows if not prefill]
     if not calibration.quiet_rows or len(plain) < 2 or len(plain) == len(rows):
         return calibration
-    quiet = np.array([calibration.overhead_s, calibration.token_s, calibration.seq_s,
-                      calibration.pair_s, calibration.kv_s, calibration.api_s, 0.0])  # fmt: skip
+    quiet = np.array([*(getattr(calibration, name) for name in _COEFFICIENTS), 0.0])
     load = float(np.median([y / float(np.dot(row, quiet)) for row, y in plain]))
     # (Rows stored before the cached tokens were fitted: none counted, no lone decodes.)
     stored = [
@@ -536,12 +539,7 @@ def on_steps(calibration: Calibration, steps: Iterable[ObservedStep]) -> Calibra
     )
     return calibration.model_copy(
         update={
-            "overhead_s": float(beta[0]),
-            "token_s": float(beta[1]),
-            "seq_s": float(beta[2]),
-            "pair_s": float(beta[3]),
-            "kv_s": float(beta[4]),
-            "api_s": float(beta[5]),
+            **_coefficients(beta),
             "residual_low": low,
             "residual_high": high,
             "step_kinds": len(rows),
