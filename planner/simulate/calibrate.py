@@ -258,10 +258,6 @@ class Calibration(BaseModel):
     # read per request: about a tenth lower; a new calibration measures it again.)
     arrival_s: float = Field(0.0, ge=0)
     saturated_rate: float | None = None
-    # What each arriving request adds to its intake a prompt token
-    # (StepCost.intake_token_s), from a second run past the knee with longer prompts
-    # (`arrival_cost`); 0 unmeasured.
-    intake_token_s: float = Field(0.0, ge=0)
     # What the same run's drain says a sequence costs a step under load beyond `seq_s`
     # (`full_batch`; 0 unmeasured); with `load_scale` on both.
     load_seq_s: float = 0.0
@@ -287,7 +283,6 @@ class Calibration(BaseModel):
             seq_s=max(self.seq_s + self.load_seq_s, 0.0) * k,
             pair_s=self.pair_s * k,
             arrival_s=self.arrival_s,
-            intake_token_s=self.intake_token_s,
         )
 
     @property
@@ -327,14 +322,9 @@ class Calibration(BaseModel):
         if self.step_kinds:
             tuned += f", fitted again with {self.step_kinds} kinds of its steps"
         if self.saturated_rate is not None:
-            tokens = (
-                f" and {self.intake_token_s * 1e6:.2f} us a prompt token"
-                if self.intake_token_s
-                else ""
-            )
             tuned += (
                 f"; each intake of requests takes {self.arrival_s * 1000:.2f} ms of the "
-                f"engine's steps{tokens} "
+                f"engine's steps "
                 f"(an open-loop run past the knee at {self.saturated_rate:g} req/s)"
             )
             if self.load_seq_s:
@@ -689,12 +679,6 @@ def tune(
 # it leaves drains for about as long.
 SATURATED_SHARE = 2.0
 SATURATED_PARAMS: dict[str, Any] = dict(LOAD_PARAMS, duration_s=20.0, seed=23)
-# A second one, its prompts LONG_PROMPT_TOKENS long (or as long as every slot's share of
-# the KV cache and max_model_len allow, at least LONG_PROMPT_MIN_RATIO times the first's),
-# tells what an intake costs a prompt token from what it costs anyway (`arrival_cost`).
-LONG_PROMPT_TOKENS = 1536
-LONG_PROMPT_MIN_RATIO = 2
-LONG_SATURATED_SEED = 29
 # Its requests that began decoding in the first ARRIVAL_SETTLE_S are left out (at two
 # rates the CPU engine's first 10 s ran a tenth slower than the rest, overload 11), and so
 # are the last `max_num_seqs` to begin (the batch empties under them); each side needs
@@ -732,27 +716,19 @@ def _sides(
     return _Sides(arriving, [tpot for began, _, tpot in decoded if began >= last], rate)
 
 
-@dataclass(frozen=True, slots=True)
-class Intakes:
-    """What an open-loop run past the knee says its intakes cost a step: the TPOT mean of
-    the requests that decoded while requests still arrived over that of those that began
-    in the queue's drain after the last send (`excess_s`: both decode in a full batch with
-    a queue behind it, the same steps but for the arrivals), the share of steps that took
-    requests in (with Poisson arrivals at rate r and steps of s, the arriving mean,
-    1 - exp(-r s)) and the prompt tokens a step took in (r s p, p the mean `prompt`)."""
-
-    excess_s: float
-    share: float
-    tokens: float
-    prompt: float
-
-
-def intakes(
+def arrival_cost(
     requests: Sequence[SimRequest], measured: Sequence[tuple[float, float]], max_num_seqs: int
-) -> tuple[Intakes | None, str]:
-    """What an open-loop run past the knee (its requests as sent and their measured (TTFT,
-    E2E)) says of its intakes, and how it was read; or None and why not, when the run has
-    too few requests on either side (an engine that kept up leaves no queue to drain)."""
+) -> tuple[float | None, str]:
+    """The engine time each intake takes (`StepCost.arrival_s`), from an open-loop run past
+    the knee (its requests as sent and their measured (TTFT, E2E)): the TPOT mean of the
+    requests that decoded while requests still arrived against that of those that began
+    decoding in the queue's drain after the last send. Both decode in a full batch with a
+    queue behind it, the same steps but for the arrivals: with Poisson arrivals at rate r
+    and steps of s (the arriving mean), a share 1 - exp(-r s) of the steps take requests
+    in, so each intake costs c = (arriving - drain) / (1 - exp(-r s)). On the CPU engine
+    that was about 2 ms an arrival at 48 and 62 req/s (overload 11). (cost, how it
+    was read), or (None, why not) when the run has too few of either (an engine that
+    kept up leaves no queue to drain). A drain slower than the arrivals reads 0."""
     sides = _sides(requests, measured, max_num_seqs)
     arriving, drain = sides.arriving, sides.drain
     if not sides.rate:
@@ -764,55 +740,11 @@ def intakes(
             + (" (the engine kept up: no queue to drain)" if len(drain) < len(arriving) else "")
         )
     during, after = float(np.mean(arriving)), float(np.mean(drain))
-    per_step = sides.rate * during
-    prompt = float(np.mean([r.prompt_tokens for r in requests]))
-    how = (
+    cost = max(0.0, during - after) / -math.expm1(-sides.rate * during)
+    return cost, (
         f"TPOT mean {during * 1000:.2f} ms while {sides.rate:.1f} req/s arrived, "
         f"{after * 1000:.2f} ms in the drain ({len(arriving)} and {len(drain)} requests)"
     )
-    return Intakes(during - after, -math.expm1(-per_step), per_step * prompt, prompt), how
-
-
-def arrival_cost(readings: Sequence[Intakes]) -> tuple[float, float]:
-    """The engine time each intake takes (`StepCost.arrival_s`) and what each request adds
-    to it a prompt token (`StepCost.intake_token_s`), from runs past the knee: a step that
-    takes k requests of p tokens in costs c + k p t, so a run's excess is c (1 - exp(-r s))
-    + t r s p; with prompts of one length c alone, c = excess / (1 - exp(-r s)); with two
-    lengths, c and t solved for, neither below 0 (a drain slower than the arrivals reads
-    0). On the CPU engine c was about 2-3 ms at 48-72 req/s (overload 11)."""
-    if not readings:
-        return 0.0, 0.0
-    x = np.array([[r.share, r.tokens] for r in readings])
-    y = np.array([r.excess_s for r in readings])
-    if len({round(r.prompt) for r in readings}) < 2:
-        x = x[:, :1]  # (one prompt length: the tokens are part of the intake)
-    try:
-        beta = _nonnegative_fit(x, y)
-    except InvalidInput:  # (every drain slower than its arrivals)
-        return 0.0, 0.0
-    return float(beta[0]), float(beta[1]) if len(beta) > 1 else 0.0
-
-
-def long_saturated(calibration: Calibration, rate: float) -> dict[str, Any] | None:
-    """The second run past the knee's parameters, its rate `rate` (the first's) times the
-    fit's capacity at its prompts over at the first's; None when this engine cannot hold
-    prompts long enough to tell (`LONG_PROMPT_TOKENS`)."""
-    from planner.simulate.whatif import Scenario, capacity_rps
-    from planner.workload import parse_profile
-
-    config, short = calibration.config(), SATURATED_PARAMS["profile"]
-    output = int(short["output_tokens"])
-    room = config.num_blocks * config.block_size // config.max_num_seqs
-    prompt = min(LONG_PROMPT_TOKENS, room - output, config.max_model_len - output)
-    if prompt < LONG_PROMPT_MIN_RATIO * int(short["prompt_tokens"]):
-        return None
-    profile = dict(short, prompt_tokens=prompt)
-
-    def capacity(p: dict[str, Any]) -> float:
-        return capacity_rps(Scenario(config, calibration.cost(), parse_profile(p), 200))
-
-    long_rate = round(rate * capacity(profile) / capacity(short), 2)
-    return dict(SATURATED_PARAMS, profile=profile, rate=long_rate, seed=LONG_SATURATED_SEED)
 
 
 # The full batch's fit and the tune made again after it alternate (`full_batch`) until a

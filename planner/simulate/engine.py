@@ -97,10 +97,7 @@ class StepCost:
     (charged per request instead, bursts of CV 3 read 35-120 % too much TTFT p50). The
     steps that follow pay it, each at most doubled (the intake shares the engine's CPU, it
     does not stop the engine). 0 on a roofline; a calibration measures it
-    (`arrival_cost`). `intake_token_s`: what each arriving request adds to its intake a
-    prompt token (the API server tokenises its text, the engine core hashes its blocks, on
-    the CPUs the steps run on; a length mix of median 600 tokens read TTFT p50 10-23 %
-    short with intakes priced alike)."""
+    (`arrival_cost`)."""
 
     overhead_s: float
     weights_read_s: float
@@ -110,7 +107,6 @@ class StepCost:
     seq_s: float = 0.0
     pair_s: float = 0.0
     arrival_s: float = 0.0
-    intake_token_s: float = 0.0
 
     def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
         """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
@@ -151,7 +147,6 @@ class StepCost:
             self.seq_s * k,
             self.pair_s * k,
             self.arrival_s * k,
-            self.intake_token_s * k,
         )
 
 
@@ -594,11 +589,8 @@ class _Engine:
 
     def take_arrivals(self) -> Iterator[RequestResult]:
         config = self.config
-        # One intake a step, however many it takes in, and its requests' prompt tokens (an
-        # idle engine's steps lose nothing).
-        busy = self.running.n > 0
-        intake = self.cost.arrival_s if busy else 0.0
-        per_token = self.cost.intake_token_s if busy else 0.0
+        # One intake a step, however many it takes in (an idle engine's steps lose nothing).
+        intake = self.cost.arrival_s if self.running.n else 0.0
         while (r := self.pending) is not None and r.arrival_s <= self.now:
             if self.released and self.released[0][2] is r:
                 heapq.heappop(self.released)  # a held turn, its session's previous one over
@@ -615,7 +607,7 @@ class _Engine:
                         continue
                     self.sessions[r.session] = deque()
             self.pending = self.earliest()
-            self.debt += intake + per_token * r.prompt_tokens
+            self.debt += intake
             intake = 0.0
             if r.prompt_tokens < 1 or r.output_tokens < 1:
                 raise InvalidInput("a request needs at least one prompt and one output token")
@@ -892,9 +884,7 @@ class _Engine:
         # The next arrival ends it where it may be admitted (an empty queue, a free slot) or
         # where it costs the next step time.
         if self.pending is not None and (
-            self.cost.arrival_s
-            or self.cost.intake_token_s
-            or (not self.waiting and n < config.max_num_seqs)
+            self.cost.arrival_s or (not self.waiting and n < config.max_num_seqs)
         ):
             arrival = self.pending.arrival_s
         # A new window of host speed ends it too (its steps cost what their window says).

@@ -373,24 +373,21 @@ def capacity_rps(scenario: Scenario) -> float:
     """Requests per second the engine completes when all of the scenario's requests come at
     once (every slot full, the queue never empty), its steps also paying the intakes'
     engine time (`StepCost.arrival_s`: at that rate one request arrives for each answered,
-    Poisson, so a share 1 - exp(-answers a step) of the steps take one in, and each
-    request's prompt tokens `intake_token_s`): the rate the utilisation is measured
-    against."""
+    Poisson, so a share 1 - exp(-answers a step) of the steps take one in): the rate the
+    utilisation is measured against."""
     burst = (
         replace(r, arrival_s=0.0)
         for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
     )
-    end, done, prompts, stats = 0.0, 0, 0, EngineStats()
+    end, done, stats = 0.0, 0, EngineStats()
     for r in simulate(burst, scenario.config, scenario.cost, stats):
         if not r.refused:
             assert r.e2e_s is not None
             end, done = max(end, r.e2e_s), done + 1
-            prompts += r.request.prompt_tokens
     if not done:
         raise InvalidInput("every request is longer than max_model_len: nothing to simulate")
     intakes = -stats.steps * math.expm1(-done / stats.steps)
-    cost = scenario.cost
-    return done / (end + intakes * cost.arrival_s + prompts * cost.intake_token_s)
+    return done / (end + intakes * scenario.cost.arrival_s)
 
 
 def predict(

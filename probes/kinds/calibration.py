@@ -1,7 +1,6 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
-benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then two
-short open-loop runs past the knee, their prompts of two lengths, for the engine time each
-intake of requests takes and what a prompt token adds to it
+benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
+short open-loop run past the knee for the engine time each intake of requests takes
 (`planner.simulate.calibrate.arrival_cost`), then an open-loop run at a share of the quiet
 fit's capacity (the tune, with that arrival cost in its replays), made again at half the
 rate while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune
@@ -29,15 +28,12 @@ from planner.simulate.calibrate import (
     SATURATED_PARAMS,
     SWEEP_PARAMS,
     Calibration,
-    Intakes,
     LoadRun,
     Sweep,
     arrival_cost,
     bursts,
     full_batch,
-    intakes,
     load_rate,
-    long_saturated,
     quiet_fit,
     saturated_rate,
     tune,
@@ -126,46 +122,25 @@ Replayed = tuple[list[SimRequest], list[tuple[float, float]]]
 def _arrivals_priced(
     store: Engine, run: RunProbe, fitted: Calibration, rate: float, say: Callable[[str], None]
 ) -> tuple[Calibration, Replayed | None]:
-    """`fitted` with the engine time each intake of requests takes, read from an open-loop
-    run at `rate`, past the knee, and what a prompt token adds to it, from a second with
-    longer prompts (`long_saturated`, `arrival_cost`); and the first run. A run that fails
-    or cannot tell is said through `say` and left out (the rest of the calibration goes on
-    without it: without the first, arrivals cost nothing)."""
-    readings: list[Intakes] = []
-    first: Replayed | None = None
-    for params in (dict(SATURATED_PARAMS, rate=rate), long_saturated(fitted, rate)):
-        if params is None:
-            say("the engine cannot hold prompts long enough to price a prompt token's intake")
-            continue
-        at = f"the run past the knee at {params['rate']:g} req/s"
-        at += f" ({params['profile']['prompt_tokens']}-token prompts)"
-        try:
-            run_id, _ = run("latency", params)
-        except TargetError as err:
-            say(f"{at} failed: {err}; the calibration goes on without it")
-            if first is None:
-                break
-            continue
+    """`fitted` with the engine time each intake of requests takes, read from an open-loop run at
+    `rate`, past the knee (`arrival_cost`), and that run; as it was, with the reason said
+    through `say`, when that run fails or cannot tell (the rest of the calibration goes on
+    without it)."""
+    try:
+        run_id, _ = run("latency", dict(SATURATED_PARAMS, rate=rate))
+    except TargetError as err:
+        cost, how = None, f"failed: {err}"
+    else:
         requests, measured = _replayed(store, run_id)
-        reading, how = intakes(requests, measured, fitted.config().max_num_seqs)
-        if reading is None:
-            say(f"{at} {how}; the calibration goes on without it")
-            if first is None:
-                break
-            continue
-        say(f"{at}: {how}")
-        readings.append(reading)
-        first = first or (requests, measured)
-    if first is None:
-        say("arrivals are left without a cost")
+        cost, how = arrival_cost(requests, measured, fitted.config().max_num_seqs)
+    if cost is None:
+        say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
+            "arrivals without a cost")  # fmt: skip
         return fitted, None
-    cost, per_token = arrival_cost(readings)
-    say(
-        f"each intake of requests takes {cost * 1000:.2f} ms of the engine's steps and "
-        f"{per_token * 1e6:.2f} us a prompt token"
-    )
-    update = {"arrival_s": cost, "intake_token_s": per_token, "saturated_rate": rate}
-    return fitted.model_copy(update=update), first
+    say(f"the run past the knee at {rate:g} req/s: {how}; each intake of requests takes "
+        f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
+    priced = fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
+    return priced, (requests, measured)
 
 
 def _replayed(store: Engine, run_id: int) -> Replayed:

@@ -15,7 +15,6 @@ from planner.simulate.calibrate import (
     SWEEP_CONTEXT,
     Calibration,
     DecodeSample,
-    Intakes,
     LoadRun,
     PrefillSample,
     Sweep,
@@ -24,7 +23,6 @@ from planner.simulate.calibrate import (
     decode_samples,
     fit,
     full_batch,
-    intakes,
     load_rate,
     lone_decodes,
     on_steps,
@@ -221,56 +219,44 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
 
 
-def _past_the_knee(truth: StepCost, prompt: int, seed: int) -> tuple[Intakes | None, str]:
-    """What a 20 s open-loop run at twice the capacity of `truth`, its prompts `prompt`
-    tokens long, says of its intakes."""
-    profile = FixedProfile(prompt_tokens=prompt, output_tokens=64)
-    rate = 2 * capacity_rps(Scenario(CONFIG, truth, profile, 300))
-    stream = list(traffic(profile, Arrival(rate=rate), int(rate * 20), seed=seed))
-    results = {id(r.request): r for r in simulate(stream, CONFIG, truth)}
-    measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
-    return intakes(stream, measured, CONFIG.max_num_seqs)
-
-
-@pytest.mark.parametrize(
-    ("arrival_s", "token_s"), [(0.0, 0.0), (0.001, 0.0), (0.003, 0.0), (0.002, 4e-6), (0.0, 4e-6)]
-)
-def test_the_cost_of_an_intake_is_read_from_the_drain_past_the_knee(
-    arrival_s: float, token_s: float
-) -> None:
+@pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
+def test_the_cost_of_an_intake_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
     """Past the knee the requests that decode while others arrive run slower than those
     of the queue's drain by what the arrivals take: the run says what each step that took
-    requests in lost; a second with longer prompts, what a prompt token adds."""
-    truth = replace(TRUE, arrival_s=arrival_s, intake_token_s=token_s)
-    short, how = _past_the_knee(truth, 256, seed=3)
-    long, _ = _past_the_knee(truth, 1536, seed=5)
-    assert short is not None and long is not None
+    requests in lost."""
+    truth = replace(TRUE, arrival_s=arrival_s)
+    rate = 2 * capacity_rps(
+        Scenario(CONFIG, truth, FixedProfile(prompt_tokens=256, output_tokens=64), 300)
+    )
+    stream = list(
+        traffic(
+            FixedProfile(prompt_tokens=256, output_tokens=64),
+            Arrival(rate=rate),
+            int(rate * 20),
+            seed=3,
+        )
+    )
+    results = {id(r.request): r for r in simulate(stream, CONFIG, truth)}
+    measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
+    cost, how = arrival_cost(stream, measured, CONFIG.max_num_seqs)
+    assert cost == pytest.approx(arrival_s, abs=0.0002)
     assert " req/s arrived" in how and "in the drain" in how
-    cost, per_token = arrival_cost([short, long])
-    assert cost == pytest.approx(arrival_s, abs=0.0003)
-    assert per_token == pytest.approx(token_s, abs=0.4e-6)
-    # Prompts of one length cannot tell the two apart: the intake takes their tokens in.
-    alone, none = arrival_cost([short])
-    assert alone == pytest.approx(arrival_s + 256 * token_s, abs=0.0003) and none == 0.0
-    assert arrival_cost([]) == (0.0, 0.0)
 
 
 def test_a_run_past_the_knee_without_a_drain_prices_nothing_and_says_why() -> None:
     light = [SimRequest(1.0 * i, 256, 64) for i in range(60)]
     results = list(simulate(light, CONFIG, TRUE))
     measured = [(r.ttft_s or 0.0, r.e2e_s or 0.0) for r in results]
-    reading, why = intakes(light, measured, CONFIG.max_num_seqs)
-    assert reading is None and "the engine kept up: no queue to drain" in why
+    cost, why = arrival_cost(light, measured, CONFIG.max_num_seqs)
+    assert cost is None and "the engine kept up: no queue to drain" in why
     with pytest.raises(InvalidInput, match="2 measured latencies for 60 requests"):
-        intakes(light, measured[:2], CONFIG.max_num_seqs)
+        arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
     # A drain slower than the arrivals (a host that slowed down): nothing to charge.
     burst = [SimRequest(0.02 * i, 256, 64) for i in range(400)]  # (8 s at 50 req/s)
     slowing = HostSpeed(8.0, (1.0, 1.5, 1.5, 1.5))
     slowed = {id(r.request): r for r in simulate(burst, CONFIG, TRUE, speed=slowing)}
     measured = [(slowed[id(r)].ttft_s or 0.0, slowed[id(r)].e2e_s or 0.0) for r in burst]
-    reading, _ = intakes(burst, measured, CONFIG.max_num_seqs)
-    assert reading is not None and reading.excess_s < 0
-    assert arrival_cost([reading]) == (0.0, 0.0)
+    assert arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
 
 
 def test_a_run_without_a_drain_leaves_the_full_batch_as_tuned() -> None:

@@ -407,8 +407,7 @@ def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
                          ids=["ample", "few-seqs", "preempting"])  # fmt: skip
 def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: EngineConfig) -> None:
     """`StepCost.arrival_s` lengthens the steps after each step that took requests in while
-    a batch ran, once however many it took, and `intake_token_s` by each request's prompt
-    tokens, each step at most doubled: an idle engine loses
+    a batch ran, once however many it took, each step at most doubled: an idle engine loses
     nothing; a lone request with arrivals waiting behind it ends their costs later, one a
     step for arrivals a step apart, one for five at once, an intake longer than a step
     spread over the steps; decode stretches end at each arrival, giving what step-by-step
@@ -428,15 +427,6 @@ def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: Engin
         paid = intakes * cost.arrival_s
         assert first[cost].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + paid)
         assert first[cost].itl_max_s == pytest.approx(step + min(cost.arrival_s, step), rel=0.01)
-    # Each request's prompt tokens too (`intake_token_s`), one intake or five: 5 x 50 tokens.
-    tokened = replace(taxed, intake_token_s=1e-5)
-    assert list(simulate(lone, config, tokened)) == list(simulate(lone, config, COST))
-    for gap, intakes in ((0.03, 5), (0.0, 1)):
-        behind = [SimRequest(0.0, 100, 400)] + [SimRequest(0.01 + gap * i, 50, 5) for i in range(5)]
-        base = next(iter(simulate(behind, one_seq, COST)))
-        charged = next(iter(simulate(behind, one_seq, tokened)))
-        paid = intakes * tokened.arrival_s + 5 * 50 * tokened.intake_token_s
-        assert charged.e2e_s == pytest.approx((base.e2e_s or 0.0) + paid)
 
     # Near the knee: full batches, queues, arrivals inside stretches.
     burst = [SimRequest(0.0, 200, 100) for _ in range(8 * config.max_num_seqs)]
@@ -449,8 +439,7 @@ def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: Engin
     ]
     plain_stats = EngineStats()
     list(simulate(traffic, config, COST, plain_stats))
-    # (the second outlasts a step)
-    for cost in (taxed, replace(COST, arrival_s=0.03), replace(taxed, intake_token_s=2e-5)):
+    for cost in (taxed, replace(COST, arrival_s=0.03)):  # (the second outlasts a step)
         slow_stats, fast_stats = EngineStats(), EngineStats()
         slow = list(simulate(traffic, config, cost, slow_stats, fast_forward=False))
         fast = list(simulate(traffic, config, cost, fast_stats))

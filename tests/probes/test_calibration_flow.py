@@ -1,6 +1,5 @@
 """The calibration's flow (`kvscope simulate calibrate`, the benchmarks): its measurements
-taken through one probe runner, the cost of an intake and of its prompt tokens read from two
-runs past the knee, a
+taken through one probe runner, the cost of an arrival read from a run past the knee, a
 tuning run that queued made again at half the rate, a retune that makes the tuning run alone
 again, and an engine that cannot be calibrated refused with every reason."""
 
@@ -18,12 +17,10 @@ from planner.simulate import SimRequest, simulate
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
-    LONG_SATURATED_SEED,
     SATURATED_PARAMS,
     SWEEP_CONTEXT,
     Sweep,
     load_rate,
-    long_saturated,
     saturated_rate,
 )
 from planner.simulate.whatif import Scenario, capacity_rps, traffic
@@ -40,8 +37,8 @@ PROFILE = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTE
 class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
     stores their requests; its tuning runs report a standing queue `queued` times. Each
-    intake takes `arrival_s` of its steps' time and `token_s` more a prompt token, and under
-    open-loop load a sequence costs a step `seq_extra` more than quiet."""
+    arrival takes `arrival_s` of its steps' time, and under open-loop load a sequence
+    costs a step `seq_extra` more than quiet."""
 
     def __init__(
         self,
@@ -50,10 +47,8 @@ class FakeEngine:
         bursts: bool = False,
         arrival_s: float = 0.0,
         seq_extra: float = 0.0,
-        token_s: float = 0.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
-        self.token_s = token_s
         self.seq_extra = seq_extra
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -86,7 +81,7 @@ class FakeEngine:
 
     def load(self, run_id: int, params: dict[str, Any]) -> dict[str, Any]:
         rate = float(params["rate"])
-        profile = FixedProfile(**{k: v for k, v in params["profile"].items() if k != "kind"})
+        profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
         n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
         ttft, tpot = self.store_requests(run_id, arrivals, self.slow, self.seq_extra)
@@ -103,7 +98,7 @@ class FakeEngine:
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
             seq_s=(TRUE.seq_s + seq_extra) * slow, pair_s=TRUE.pair_s * slow,
-            arrival_s=self.arrival_s, intake_token_s=self.token_s,
+            arrival_s=self.arrival_s,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -138,7 +133,7 @@ class FakeEngine:
 
     @staticmethod
     def past_knee(params: dict[str, Any]) -> bool:
-        return params["seed"] in (SATURATED_PARAMS["seed"], LONG_SATURATED_SEED)
+        return bool(params["seed"] == SATURATED_PARAMS["seed"])
 
 
 def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) -> None:
@@ -197,90 +192,59 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
 
-@pytest.mark.parametrize(
-    ("arrival_s", "seq_extra", "token_s"),
-    [(0.0, 0.0, 0.0), (0.002, 0.0, 0.0), (0.005, 3e-4, 0.0), (0.002, 0.0, 4e-6)],
-)
-def test_runs_past_the_knee_price_each_intake_its_prompt_tokens_and_the_full_batch(
-    store: Engine, arrival_s: float, seq_extra: float, token_s: float
+@pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])
+def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
+    store: Engine, arrival_s: float, seq_extra: float
 ) -> None:
-    """The first two open-loop runs are past the knee, with prompts of their own and of two
-    lengths; the engine time each intake of requests takes, and what a prompt token adds to
-    it, are read from them and the tune replays with them, so that the tune still finds the
-    engine's own steps; the first run's drain gives a full batch's cost a sequence (more
-    under load than quiet), and predictions past the knee serve what the engine serves."""
-    engine = FakeEngine(store, arrival_s=arrival_s, seq_extra=seq_extra, token_s=token_s)
+    """The first open-loop run is past the knee, with prompts of its own; the engine time
+    each intake of requests takes is read from it and the tune replays with it, so that the tune
+    still finds the engine's own steps; its drain gives a full batch's cost a sequence
+    (more under load than quiet), and predictions past the knee serve what the engine
+    serves."""
+    engine = FakeEngine(store, arrival_s=arrival_s, seq_extra=seq_extra)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     quiet = cal.model_copy(
-        update={"load_scale": 1.0, "load_api_s": 0.0, "arrival_s": 0.0, "load_seq_s": 0.0,
-                "intake_token_s": 0.0}
-    )  # fmt: skip
+        update={"load_scale": 1.0, "load_api_s": 0.0, "arrival_s": 0.0, "load_seq_s": 0.0}
+    )
     sweep = Sweep.model_validate(engine.sweep())
-    rate = saturated_rate(quiet, sweep)
-    long = long_saturated(quiet, rate)
-    assert long is not None and long["profile"]["prompt_tokens"] == 1536
-    assert engine.saturated() == [rate, long["rate"]]
-    assert engine.open_loop()[:2] == [dict(SATURATED_PARAMS, rate=rate), long]
-    assert rate > long["rate"] > load_rate(quiet, sweep) * 2  # (well past the knee)
-    assert cal.saturated_rate == rate
+    assert engine.saturated() == [saturated_rate(quiet, sweep)]
+    assert engine.open_loop()[0] == dict(SATURATED_PARAMS, rate=engine.saturated()[0])
+    assert engine.saturated()[0] > load_rate(quiet, sweep) * 3  # (well past the knee)
+    assert cal.saturated_rate == engine.saturated()[0]
     assert cal.arrival_s == pytest.approx(arrival_s, abs=0.0005)
-    assert cal.intake_token_s == pytest.approx(token_s, abs=0.5e-6)
     assert cal.load_seq_s == pytest.approx(seq_extra, abs=5e-5)
     assert cal.load_scale == pytest.approx(1.0, abs=0.05)
     assert f"each intake of requests takes {cal.arrival_s * 1000:.2f} ms" in cal.describe()
-    first, second, priced = engine.said
-    assert "(256-token prompts): TPOT mean" in first and "in the drain" in first
-    assert "(1536-token prompts): TPOT mean" in second
-    assert priced == (
-        f"each intake of requests takes {cal.arrival_s * 1000:.2f} ms of the engine's steps "
-        f"and {cal.intake_token_s * 1e6:.2f} us a prompt token"
-    )
-    # Past the knee, at 1.2 times what the engine serves, prompts short and long.
-    truth = dataclasses.replace(
-        TRUE, arrival_s=arrival_s, seq_s=TRUE.seq_s + seq_extra, intake_token_s=token_s
-    )
-    for profile in (PROFILE, FixedProfile(prompt_tokens=1024, output_tokens=64)):
-        rate = 1.2 * capacity_rps(Scenario(CONFIG, truth, profile, 400))
-        stream = list(traffic(profile, Arrival(rate=rate), 400, seed=9))
-        ends = [
-            max(r.e2e_s or 0.0 for r in simulate(stream, CONFIG, c)) for c in (truth, cal.cost())
-        ]
-        assert ends[1] == pytest.approx(ends[0], rel=0.05)
+    [said] = engine.said
+    assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
+    # Past the knee, at 1.2 times what the engine serves.
+    truth = dataclasses.replace(TRUE, arrival_s=arrival_s, seq_s=TRUE.seq_s + seq_extra)
+    rate = 1.2 * capacity_rps(Scenario(CONFIG, truth, PROFILE, 400))
+    stream = list(traffic(PROFILE, Arrival(rate=rate), 400, seed=9))
+    ends = [max(r.e2e_s or 0.0 for r in simulate(stream, CONFIG, c)) for c in (truth, cal.cost())]
+    assert ends[1] == pytest.approx(ends[0], rel=0.05)
 
 
-@pytest.mark.parametrize("failing_seed", [SATURATED_PARAMS["seed"], LONG_SATURATED_SEED])
-def test_a_run_past_the_knee_that_fails_is_left_out_and_said(
-    store: Engine, failing_seed: int
+def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
+    store: Engine,
 ) -> None:
-    """Without the first run arrivals cost nothing (the second is not made); without the
-    second an intake costs what the first says, its prompt tokens in it."""
-    engine = FakeEngine(store, arrival_s=0.002, token_s=4e-6)
+    engine = FakeEngine(store, arrival_s=0.002)
     measure = engine.run
 
     def failing(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if params.get("seed") == failing_seed:
+        if params.get("seed") == SATURATED_PARAMS["seed"]:
             raise TargetError("the engine at http://127.0.0.1:9 stopped answering")
         return measure(kind, params)
 
     cal = calibration.calibrate(store, failing, CONFIG, engine.said.append)
-    assert cal.tuned_rate is not None and cal.intake_token_s == 0.0
-    failed = (
-        "-token prompts) failed: the engine at http://127.0.0.1:9 stopped answering; the "
-        "calibration goes on without it"
+    assert cal.tuned_rate is not None and cal.load_scale > 1  # (the arrivals in the steps)
+    assert (cal.arrival_s, cal.saturated_rate) == (0.0, None)
+    [said] = engine.said
+    assert said.startswith("the run past the knee at ") and said.endswith(
+        " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
+        "leaves arrivals without a cost"
     )
-    if failing_seed == SATURATED_PARAMS["seed"]:
-        assert cal.load_scale > 1  # (the arrivals in the steps)
-        assert (cal.arrival_s, cal.saturated_rate) == (0.0, None)
-        said, unpriced = engine.said
-        assert said.startswith("the run past the knee at ") and said.endswith(failed)
-        assert unpriced == "arrivals are left without a cost"
-        assert "intake of requests takes" not in cal.describe()
-        assert engine.saturated() == []  # (the failed one never reached it; no second)
-    else:
-        # 2 ms an intake and 256 tokens of 4 us each.
-        assert cal.arrival_s == pytest.approx(0.002 + 256 * 4e-6, abs=0.0005)
-        assert engine.said[1].endswith(failed) and "1536-token prompts" in engine.said[1]
-        assert engine.said[2].endswith("and 0.00 us a prompt token")
+    assert "arrival takes" not in cal.describe()
 
 
 def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:
