@@ -249,7 +249,7 @@ def measure(
     traffic = replay(q.replayable(worker.store, run.id))
     # The host's noise and speed are drawn: the median of five draws on the run's requests.
     same = _drawn(scenario, rate, traffic)
-    bare = predict(replace(scenario, noise=(), speed=()), rate, requests=traffic)
+    bare = predict(replace(scenario, noise=(), speed=(), queued_tpot=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run), the host's noise kept.
     own = tune(
@@ -265,11 +265,12 @@ def measure(
 
 
 def calibrated(scenario: Scenario, cal: Calibration) -> Scenario:
-    """`scenario` with `cal`'s step cost, API time, fit error, host speed and noise."""
+    """`scenario` with `cal`'s step cost, API time, fit error, host speed and noise (and the
+    TPOT spread where the queue stood)."""
     return replace(
         scenario, cost=cal.cost(), api_s=cal.request_s,
         residuals=(cal.residual_low, cal.residual_high), noise=tuple(cal.noise),
-        speed=tuple(cal.speed),
+        queued_tpot=tuple(cal.queued_tpot), speed=tuple(cal.speed),
     )  # fmt: skip
 
 

@@ -258,6 +258,13 @@ class Calibration(BaseModel):
     # read per request: about a tenth lower; a new calibration measures it again.)
     arrival_s: float = Field(0.0, ge=0)
     saturated_rate: float | None = None
+    # A request's TPOT where the queue stood, over the simulated one, its mean 1 (the same
+    # run's requests that decoded while requests arrived; `queued_spread`); empty
+    # unmeasured. With the client, the API server and the engine core all busy, a
+    # request's mean step strays from the next one's (the CPU engine past the knee: p90 /
+    # p50 1.39, the simulator's 1.07), which host noise from the tuning run, at 40 % of
+    # capacity, does not show.
+    queued_tpot: list[float] = Field(default_factory=list)
     # What the same run's drain says a sequence costs a step under load beyond `seq_s`
     # (`full_batch`; 0 unmeasured); with `load_scale` on both.
     load_seq_s: float = 0.0
@@ -329,6 +336,12 @@ class Calibration(BaseModel):
             )
             if self.load_seq_s:
                 tuned += f", a sequence {self.load_seq_s * 1e6:+.0f} us a step in a full batch"
+            if self.queued_tpot:
+                low, high = np.quantile(self.queued_tpot, [0.1, 0.9])
+                tuned += (
+                    f", a TPOT where the queue stood x{low:.2f} to x{high:.2f} the simulated "
+                    f"(10th-90th percentile of {len(self.queued_tpot)} requests)"
+                )
         if self.noise:
             ttft = np.quantile([t for t, _ in self.noise], [0.5, 0.99]) * 1000
             tuned += (
@@ -696,6 +709,7 @@ class _Sides:
     arriving: list[float]
     drain: list[float]
     rate: float
+    arriving_at: list[int]  # the arriving side's places in the run's requests
 
 
 def _sides(
@@ -707,13 +721,40 @@ def _sides(
     first, last = min(sends, default=0.0), max(sends, default=0.0)
     rate = (len(sends) - 1) / (last - first) if last > first else 0.0
     decoded = sorted(
-        (req.arrival_s + ttft, req.arrival_s + e2e, (e2e - ttft) / (req.output_tokens - 1))
-        for req, (ttft, e2e) in zip(requests, measured, strict=True)
+        (req.arrival_s + ttft, req.arrival_s + e2e, (e2e - ttft) / (req.output_tokens - 1), i)
+        for i, (req, (ttft, e2e)) in enumerate(zip(requests, measured, strict=True))
         if req.output_tokens > 1
     )[: -max_num_seqs or None]  # (the batch empties under the last to begin)
-    arriving = [tpot for began, end, tpot in decoded if began >= first + ARRIVAL_SETTLE_S
-                and end <= last]  # fmt: skip
-    return _Sides(arriving, [tpot for began, _, tpot in decoded if began >= last], rate)
+    arriving = [(tpot, i) for began, end, tpot, i in decoded
+                if began >= first + ARRIVAL_SETTLE_S and end <= last]  # fmt: skip
+    drain = [tpot for began, _, tpot, _ in decoded if began >= last]
+    return _Sides([t for t, _ in arriving], drain, rate, [i for _, i in arriving])
+
+
+def queued_spread(
+    calibration: Calibration,
+    requests: Sequence[SimRequest],
+    measured: Sequence[tuple[float, float]],
+) -> list[float]:
+    """How a TPOT where the queue stood strays from the simulated one (`queued_tpot`): for
+    each request of the run past the knee that decoded while requests arrived, its measured
+    TPOT over the replay's with the calibrated cost, over their mean (the level is the
+    cost's: this is the spread); at most NOISE_SAMPLES, evenly taken, and none when fewer
+    than ARRIVAL_MIN_REQUESTS."""
+    config = calibration.config()
+    at = _sides(requests, measured, config.max_num_seqs).arriving_at
+    replayed = {id(r.request): r for r in simulate(requests, config, calibration.cost())}
+    ratios = []
+    for i in at:
+        req, (ttft, e2e) = requests[i], measured[i]
+        sim = replayed.get(id(req))
+        if sim is not None and sim.tpot_s:
+            ratios.append((e2e - ttft) / (req.output_tokens - 1) / sim.tpot_s)
+    if len(ratios) < ARRIVAL_MIN_REQUESTS:
+        return []
+    mean = float(np.mean(ratios))
+    step = max(1, math.ceil(len(ratios) / NOISE_SAMPLES))
+    return [r / mean for r in ratios[::step]]
 
 
 def arrival_cost(

@@ -231,5 +231,6 @@ def calibrated_scenario(
         calibrated_prompt=calibration.max_prompt,
         calibrated_batch=calibration.max_batch,
         noise=tuple(calibration.noise),
+        queued_tpot=tuple(calibration.queued_tpot),
         speed=tuple(calibration.speed),
     )

@@ -203,6 +203,10 @@ class Scenario:
     # A calibration's host noise: (TTFT, E2E) residuals in seconds, one drawn and added to
     # each request (seeded, as the traffic is).
     noise: tuple[tuple[float, float], ...] = ()
+    # A calibration's TPOT spread where the queue stood (`Calibration.queued_tpot`): a
+    # request that waited QUEUED_STEPS of its own steps or more decodes that many times as
+    # long as simulated, one drawn for each (seeded).
+    queued_tpot: tuple[float, ...] = ()
     # A calibration's host speed, one factor per window of SPEED_WINDOW_S it measured: a
     # prediction draws each window's from these (seeded).
     speed: tuple[float, ...] = ()
@@ -301,6 +305,11 @@ class _Class:
         self.met += met
 
 
+# A request that waited this many of its own steps in the queue decodes where the queue
+# stands (`Scenario.queued_tpot`).
+QUEUED_STEPS = 10
+
+
 class _Tally:
     """The answered requests' figures, per class and in all, taken in blocks: a request
     costs one row, and the host noise, the SLO and the sketches work on a block at once."""
@@ -308,6 +317,7 @@ class _Tally:
     def __init__(self, scenario: Scenario, seed: int) -> None:
         self.api_s, self.slo = scenario.api_s, scenario.slo
         self.noise = np.asarray(scenario.noise, dtype=float).reshape(-1, 2)
+        self.spread = np.asarray(scenario.queued_tpot, dtype=float)
         self.rng = np.random.default_rng([seed, 3])
         self.classes: dict[str, _Class] = {}
         self.every = _Class()
@@ -332,6 +342,13 @@ class _Tally:
         if not self.rows:
             return
         ttft, e2e, queue, tpot, arrival = np.asarray(self.rows).T
+        if len(self.spread):
+            # Past the knee a request's decoding runs slower or faster than simulated, as the
+            # calibration's run past the knee showed: the steps' mean, not the stretch's.
+            queued = np.flatnonzero(queue >= QUEUED_STEPS * tpot)  # (NaN: no TPOT, never)
+            k = self.spread[self.rng.integers(len(self.spread), size=len(queued))]
+            tpot[queued] *= k
+            e2e[queued] = ttft[queued] + (e2e[queued] - ttft[queued]) * k
         ttft = ttft + self.api_s
         e2e = e2e + self.api_s
         if len(self.noise):

@@ -34,6 +34,7 @@ from planner.simulate.calibrate import (
     bursts,
     full_batch,
     load_rate,
+    queued_spread,
     quiet_fit,
     saturated_rate,
     tune,
@@ -82,7 +83,10 @@ def calibrate(
     fitted, sweep = quiet(store, run, engine)
     priced, past = _arrivals_priced(store, run, fitted, saturated_rate(fitted, sweep), say)
     tuned, again = _tuned(store, run, priced, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
-    return tuned if past is None else full_batch(tuned, *past, again)
+    if past is None:
+        return tuned
+    full = full_batch(tuned, *past, again)
+    return full.model_copy(update={"queued_tpot": queued_spread(full, *past)})
 
 
 def retune(

@@ -27,6 +27,7 @@ from planner.simulate.calibrate import (
     lone_decodes,
     on_steps,
     prefill_samples,
+    queued_spread,
     quiet_fit,
     retune_hint,
     sweep_prefills,
@@ -321,6 +322,42 @@ def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() 
     assert predict(noisy, rate, seed=1) == with_noise  # seeded
     with pytest.raises(InvalidInput, match="3 measured latencies for 240"):
         tune(quiet, requests, rate, tpot, ttfts[120], measured[:3])
+
+
+def test_the_spread_of_tpots_where_the_queue_stood_is_measured_and_predicted() -> None:
+    """An engine past the knee whose requests decode 0.7, 1 or 1.3 times as long as its
+    steps say, by turns: the run past the knee gives that spread (its mean 1), and a prediction
+    with it spreads the TPOTs where requests queued as the engine's were (their mean kept),
+    E2E with them, and changes nothing where none queued."""
+    cal = fit(*samples(), CONFIG).model_copy(update={"load_scale": 1.0})
+    profile = FixedProfile(prompt_tokens=256, output_tokens=64)
+    rate = 2 * capacity_rps(Scenario(CONFIG, cal.cost(), profile, 300))
+    stream = list(traffic(profile, Arrival(rate=rate), int(rate * 20), seed=3))
+    results = {id(r.request): r for r in simulate(stream, CONFIG, cal.cost())}
+    factor = [(0.7, 1.0, 1.3)[i % 3] for i in range(len(stream))]
+    measured = []
+    for req, k in zip(stream, factor, strict=True):
+        r = results[id(req)]
+        assert r.ttft_s is not None and r.e2e_s is not None
+        measured.append((r.ttft_s, r.ttft_s + (r.e2e_s - r.ttft_s) * k))
+    spread = queued_spread(cal, stream, measured)
+    assert 30 <= len(spread) <= 256 and np.mean(spread) == pytest.approx(1.0, abs=0.01)
+    assert sorted({round(x, 2) for x in spread}) == [0.7, 1.0, 1.3]
+    assert queued_spread(cal, stream[:50], measured[:50]) == []  # (too few to tell)
+    cal = cal.model_copy(update={"queued_tpot": spread, "saturated_rate": rate})
+    assert "a TPOT where the queue stood x0.70 to x1.30" in cal.describe()
+    spread_scenario = calibrated_scenario(
+        cal, parse_settings(["num_requests=600", "prompt_tokens=256", "output_tokens=64"])
+    )
+    plain = replace(spread_scenario, queued_tpot=())
+    capacity = capacity_rps(plain)
+    above = [predict(s, 1.3 * capacity, seed=2) for s in (spread_scenario, plain)]
+    assert above[0].tpot_s.p95 > 1.2 * above[1].tpot_s.p95  # type: ignore[operator]
+    assert above[0].tpot_s.mean == pytest.approx(above[1].tpot_s.mean, rel=0.03)
+    assert above[0].e2e_s.max > above[1].e2e_s.max  # type: ignore[operator]
+    assert above[0].ttft_s == above[1].ttft_s  # (the queue is the simulator's)
+    lone = [predict(s, 0.01 * capacity, seed=2) for s in (spread_scenario, plain)]
+    assert lone[0] == lone[1]
 
 
 def test_the_quiet_fit_reads_a_sweep_and_lone_requests() -> None:

@@ -187,7 +187,7 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
     assert again.load_scale == pytest.approx(1.6, rel=0.1)
     kept = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples",
-            "arrival_s", "saturated_rate", "load_seq_s")  # fmt: skip
+            "arrival_s", "saturated_rate", "load_seq_s", "queued_tpot")  # fmt: skip
     assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
@@ -215,6 +215,10 @@ def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
     assert cal.load_seq_s == pytest.approx(seq_extra, abs=5e-5)
     assert cal.load_scale == pytest.approx(1.0, abs=0.05)
     assert f"each intake of requests takes {cal.arrival_s * 1000:.2f} ms" in cal.describe()
+    # The run past the knee's TPOTs as the calibrated replay has them (this engine's steps
+    # are the simulator's): a spread about 1, its mean 1.
+    assert len(cal.queued_tpot) >= 30 and np.mean(cal.queued_tpot) == pytest.approx(1, abs=0.01)
+    assert max(abs(k - 1) for k in cal.queued_tpot) < 0.1
     [said] = engine.said
     assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
     # Past the knee, at 1.2 times what the engine serves.
@@ -239,6 +243,7 @@ def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
     cal = calibration.calibrate(store, failing, CONFIG, engine.said.append)
     assert cal.tuned_rate is not None and cal.load_scale > 1  # (the arrivals in the steps)
     assert (cal.arrival_s, cal.saturated_rate) == (0.0, None)
+    assert cal.queued_tpot == []
     [said] = engine.said
     assert said.startswith("the run past the knee at ") and said.endswith(
         " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
