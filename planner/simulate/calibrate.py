@@ -742,14 +742,13 @@ def queued_spread(
     cost's: this is the spread); at most NOISE_SAMPLES, evenly taken, and none when fewer
     than ARRIVAL_MIN_REQUESTS."""
     config = calibration.config()
-    at = _sides(requests, measured, config.max_num_seqs).arriving_at
+    sides = _sides(requests, measured, config.max_num_seqs)
     replayed = {id(r.request): r for r in simulate(requests, config, calibration.cost())}
     ratios = []
-    for i in at:
-        req, (ttft, e2e) = requests[i], measured[i]
-        sim = replayed.get(id(req))
+    for tpot, i in zip(sides.arriving, sides.arriving_at, strict=True):
+        sim = replayed.get(id(requests[i]))
         if sim is not None and sim.tpot_s:
-            ratios.append((e2e - ttft) / (req.output_tokens - 1) / sim.tpot_s)
+            ratios.append(tpot / sim.tpot_s)
     if len(ratios) < ARRIVAL_MIN_REQUESTS:
         return []
     mean = float(np.mean(ratios))

@@ -343,8 +343,9 @@ class _Tally:
             return
         ttft, e2e, queue, tpot, arrival = np.asarray(self.rows).T
         if len(self.spread):
-            # Past the knee a request's decoding runs slower or faster than simulated, as the
-            # calibration's run past the knee showed: the steps' mean, not the stretch's.
+            # Where the queue stands a request's TPOT, the mean step over its own stretch of
+            # decoding, strays from the simulated as the calibration's run past the knee
+            # showed (the host moves the steps from one stretch to the next).
             queued = np.flatnonzero(queue >= QUEUED_STEPS * tpot)  # (NaN: no TPOT, never)
             k = self.spread[self.rng.integers(len(self.spread), size=len(queued))]
             tpot[queued] *= k

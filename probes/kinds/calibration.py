@@ -6,8 +6,10 @@ fit's capacity (the tune, with that arrival cost in its replays), made again at 
 rate while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune
 alone again and keeps the arrival cost. The tune also reads the engine's steps back
 from the open-loop run's token times and fits on them beside the quiet measurements
-(`planner.simulate.calibrate.on_steps`). A sweep whose answers reached the client in bursts
-is refused (`bursts`): its timings say nothing of the engine's steps."""
+(`planner.simulate.calibrate.on_steps`). The run past the knee gives, last, a full batch's
+cost a sequence from its drain (`full_batch`) and how a TPOT strays where the queue stands
+from its arriving side (`queued_spread`). A sweep whose answers reached the client in
+bursts is refused (`bursts`): its timings say nothing of the engine's steps."""
 
 from __future__ import annotations
 
