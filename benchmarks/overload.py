@@ -34,9 +34,10 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from benchmarks.engine import cpu_seconds, proc_label
-from benchmarks.simulator import ENGINE, FIXED, calibrated, probe_runner, started_config
+from benchmarks.simulator import ENGINE, FIXED, probe_runner, started_config
 from planner.simulate.calibrate import SWEEP_CONTEXT, Calibration, Sweep
 from planner.simulate.engine import EngineConfig, SimRequest, simulate
+from planner.simulate.setup import measured_by
 from planner.simulate.whatif import Scenario, predict, replay
 from planner.workload import parse_profile
 from probes.engine import group_pids
@@ -122,7 +123,7 @@ def main() -> None:
                     profile=parse_profile(FIXED), requests=len(traffic), arrival="poisson",
                     source="calibrated",
                 )  # fmt: skip
-                p = predict(calibrated(base, cal), rate, 0, requests=traffic)
+                p = predict(measured_by(base, cal), rate, 0, requests=traffic)
                 sim = simulated_served(traffic, cal, config)
                 predicted.append(
                     f"| {rate:g} | {_ms(m.ttft_s.p50)}, {_ms(m.ttft_s.p99)} | "

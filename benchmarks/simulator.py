@@ -34,6 +34,7 @@ from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
 from planner.simulate.calibrate import Calibration, LoadRun, tune
 from planner.simulate.roofline import roofline_cost
+from planner.simulate.setup import measured_by
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
 from planner.workload import Arrival, parse_profile
 from probes.engine.spec import engine_config, parse_spec
@@ -233,7 +234,7 @@ def measure(
         cv=cv,
         source="calibrated",
     )
-    scenario = calibrated(base, cal)
+    scenario = measured_by(base, cal)
     rate = round(share * capacity_rps(scenario), 2)
     again = None
     if retuned is not None:
@@ -258,20 +259,10 @@ def measure(
     )  # fmt: skip
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)
-    recent = None if again is None else _drawn(calibrated(base, again), rate, traffic)
+    recent = None if again is None else _drawn(measured_by(base, again), rate, traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=19)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary
-
-
-def calibrated(scenario: Scenario, cal: Calibration) -> Scenario:
-    """`scenario` with `cal`'s step cost, API time, fit error, host speed and noise (and the
-    TPOT spread where the queue stood)."""
-    return replace(
-        scenario, cost=cal.cost(), api_s=cal.request_s,
-        residuals=(cal.residual_low, cal.residual_high), noise=tuple(cal.noise),
-        queued_tpot=tuple(cal.queued_tpot), speed=tuple(cal.speed),
-    )  # fmt: skip
 
 
 def _drawn(scenario: Scenario, rate: float, traffic: list[SimRequest]) -> _Summary:

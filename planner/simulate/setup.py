@@ -7,6 +7,7 @@ for the CLI's `--set k=v` and the What-if page. The KV block count comes from th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -216,9 +217,9 @@ def calibrated_scenario(
         engine["max_num_batched_tokens"] = max(
             int(engine["max_num_batched_tokens"]), int(engine["max_model_len"])
         )
-    return Scenario(
+    chosen = Scenario(
         config=EngineConfig(**engine),  # type: ignore[arg-type]
-        cost=calibration.cost(),
+        cost=calibration.cost(),  # (Scenario needs one; `measured_by` sets it)
         profile=workload(settings, profile),
         requests=settings.num_requests,
         arrival=settings.arrival,
@@ -226,10 +227,21 @@ def calibrated_scenario(
         slo=slo,
         source=calibration.describe(now),
         duration_s=settings.duration_s,
-        api_s=calibration.request_s,
-        residuals=(calibration.residual_low, calibration.residual_high),
         calibrated_prompt=calibration.max_prompt,
         calibrated_batch=calibration.max_batch,
+    )
+    return measured_by(chosen, calibration)
+
+
+def measured_by(scenario: Scenario, calibration: Calibration) -> Scenario:
+    """`scenario` with what `calibration` measured of its engine: the step cost, the API's
+    time, the fit error, the host's noise and speed and the TPOT spread where the queue
+    stood (one place, for `calibrated_scenario` and the benchmarks)."""
+    return replace(
+        scenario,
+        cost=calibration.cost(),
+        api_s=calibration.request_s,
+        residuals=(calibration.residual_low, calibration.residual_high),
         noise=tuple(calibration.noise),
         queued_tpot=tuple(calibration.queued_tpot),
         speed=tuple(calibration.speed),
