@@ -133,3 +133,34 @@ def observed_steps(requests: Iterable[TokenTimes], same_step_s: float | None = N
             )
         )
     return Steps(steps, merged, typical)
+
+
+# Decode-only steps of one batch size a slope needs, and the context bins it is read over.
+SLOPE_STEPS_MIN = 100
+SLOPE_BINS = 5
+
+
+def context_slopes(steps: Iterable[ObservedStep]) -> dict[int, float]:
+    """Seconds a decode step grows by per cached token, for each number of sequences it
+    decoded (SLOPE_STEPS_MIN decode-only steps or more): a line through the medians of the
+    steps' lengths in SLOPE_BINS bins of their summed context. Within one run the host's
+    drift falls on short and long contexts alike, and the medians leave its stalls out.
+    On the CPU engine a cached token cost a lone sequence several times what it cost each
+    of eight (docs/simulator.md), which one `StepCost.kv_token_read_s` cannot price."""
+    by_batch: dict[int, list[tuple[int, float]]] = {}
+    for step in steps:
+        if step.seconds is not None and step.decodes and not step.prefills:
+            by_batch.setdefault(step.decodes, []).append((step.decode_pairs, step.seconds))
+    slopes = {}
+    for batch, found in sorted(by_batch.items()):
+        if len(found) < SLOPE_STEPS_MIN:
+            continue
+        held = np.array([h for h, _ in found], dtype=float)
+        seconds = np.array([s for _, s in found], dtype=float)
+        edges = np.quantile(held, np.linspace(0.0, 1.0, SLOPE_BINS + 1))
+        bins = np.clip(np.searchsorted(edges, held, side="right") - 1, 0, SLOPE_BINS - 1)
+        x = [float(np.median(held[bins == i])) for i in range(SLOPE_BINS) if (bins == i).any()]
+        y = [float(np.median(seconds[bins == i])) for i in range(SLOPE_BINS) if (bins == i).any()]
+        if len(set(x)) >= 2:
+            slopes[batch] = float(np.polyfit(x, y, 1)[0])
+    return slopes

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from planner.simulate.engine import EngineConfig, StepCost
-from planner.simulate.steps import ObservedStep, TokenTimes, observed_steps
+from planner.simulate.steps import (
+    SLOPE_STEPS_MIN,
+    ObservedStep,
+    TokenTimes,
+    context_slopes,
+    observed_steps,
+)
 
 DECODE_S, MIXED_S = 0.003, 0.008
 
@@ -83,3 +89,38 @@ def test_a_step_is_modelled_with_its_prefill_chunk_within_the_budget() -> None:
 def test_no_tokens_no_steps() -> None:
     seen = observed_steps([])
     assert seen.steps == [] and seen.typical_s is None
+
+
+def decode_steps(batch: int, per_token_s: float, n: int, seed: int = 0) -> list[ObservedStep]:
+    """`n` decode-only steps of `batch` sequences over varied contexts, each 2 ms plus
+    `per_token_s` a cached token, with host jitter and one stall in twenty."""
+    rng = np.random.default_rng(seed)
+    held = rng.integers(batch * 64, batch * 4096, n)
+    seconds = 0.002 + held * per_token_s + rng.normal(0.0, 5e-5, n)
+    seconds[rng.random(n) < 0.05] += 0.02
+    pairs = zip(held, seconds, strict=True)
+    return [ObservedStep(0.0, float(t), batch, int(h), ()) for h, t in pairs]
+
+
+def test_context_slopes_read_a_cached_tokens_cost_for_each_batch_past_stalls() -> None:
+    steps = [
+        *decode_steps(1, 120e-9, 400),
+        *decode_steps(4, 60e-9, 400, seed=1),
+        *decode_steps(8, 40e-9, 400, seed=2),
+    ]
+    slopes = context_slopes(steps)
+    assert set(slopes) == {1, 4, 8}
+    for batch, per_token in ((1, 120e-9), (4, 60e-9), (8, 40e-9)):
+        assert slopes[batch] == pytest.approx(per_token, rel=0.1)
+
+
+def test_context_slopes_leave_out_steps_with_prefills_and_batches_seen_too_rarely() -> None:
+    few = decode_steps(2, 60e-9, SLOPE_STEPS_MIN - 1)
+    # A prefill's step is long whatever its context: counted, it would bend the line.
+    mixed = [replace(s, seconds=0.02, prefills=(512,)) for s in decode_steps(1, 0.0, 400)]
+    slopes = context_slopes([*decode_steps(1, 100e-9, 300), *few, *mixed])
+    assert set(slopes) == {1}
+    assert slopes[1] == pytest.approx(100e-9, rel=0.1)
+    # One context only: no slope to read.
+    same = [ObservedStep(0.0, 0.002, 3, 900, ()) for _ in range(SLOPE_STEPS_MIN)]
+    assert context_slopes(same) == {}
