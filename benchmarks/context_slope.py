@@ -31,8 +31,6 @@ from planner.simulate.calibrate import (
 )
 from planner.simulate.steps import context_slopes
 from probes.kinds import calibration
-from probes.worker import Worker
-from storage import queries as q
 from tests.support import injection
 
 PROMPTS = (64, 1024, 4096)
@@ -52,12 +50,6 @@ def lone_slope(
     if len(medians) < 2:
         return medians, None
     return medians, float(np.polyfit(list(medians), list(medians.values()), 1)[0])
-
-
-def _records(worker: Worker, run_id: int) -> list[tuple[int, int, float, float]]:
-    frame = q.run_records(worker.store, run_id)
-    columns = (frame["prompt_tokens"], frame["output_tokens"], frame["ttft_s"], frame["e2e_s"])
-    return list(zip(*columns, strict=True))
 
 
 def _ms(medians: dict[int, float]) -> str:
@@ -83,7 +75,7 @@ def main() -> None:
         sweep = Sweep.model_validate(summary)
         for i in range(args.repeats):
             lone_id, _ = run("latency", dict(PREFILL_PARAMS, seed=100 + i))
-            lone = _records(worker, lone_id)
+            lone = calibration.lone_records(worker.store, lone_id)
             medians, slope = lone_slope(lone)
             fitted = quiet_fit(sweep, lone, config)
             print(f"repeat {i + 1}: lone requests, TPOT ms by context ({_ms(medians)}): "
@@ -94,7 +86,7 @@ def main() -> None:
                 {"concurrencies": [1], "requests_per_step": 24, "seed": 300 + i,
                  "profile": {"kind": "empirical", "pairs": pairs}},
             )  # fmt: skip
-            medians, slope = lone_slope(_records(worker, loop_id))
+            medians, slope = lone_slope(calibration.lone_records(worker.store, loop_id))
             print(f"  closed loop at 1, TPOT ms by context ({_ms(medians)}): {_ns(slope)}",
                   flush=True)  # fmt: skip
             mix_id, _ = run(

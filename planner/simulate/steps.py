@@ -159,8 +159,12 @@ def context_slopes(steps: Iterable[ObservedStep]) -> dict[int, float]:
         seconds = np.array([s for _, s in found], dtype=float)
         edges = np.quantile(held, np.linspace(0.0, 1.0, SLOPE_BINS + 1))
         bins = np.clip(np.searchsorted(edges, held, side="right") - 1, 0, SLOPE_BINS - 1)
-        x = [float(np.median(held[bins == i])) for i in range(SLOPE_BINS) if (bins == i).any()]
-        y = [float(np.median(seconds[bins == i])) for i in range(SLOPE_BINS) if (bins == i).any()]
+        x, y = [], []
+        for i in range(SLOPE_BINS):
+            inside = bins == i
+            if inside.any():
+                x.append(float(np.median(held[inside])))
+                y.append(float(np.median(seconds[inside])))
         if len(set(x)) >= 2:
             slopes[batch] = float(np.polyfit(x, y, 1)[0])
     return slopes

@@ -67,15 +67,15 @@ def quiet(store: Engine, run: RunProbe, engine: EngineConfig) -> tuple[Calibrati
             "fewer other processes on the machine"
         )
     prefill_id, _ = run("latency", dict(PREFILL_PARAMS))
-    frame = q.run_records(store, prefill_id)
-    lone = zip(
-        frame["prompt_tokens"],
-        frame["output_tokens"],
-        frame["ttft_s"],
-        frame["e2e_s"],
-        strict=True,
-    )
-    return quiet_fit(sweep, lone, engine), sweep
+    return quiet_fit(sweep, lone_records(store, prefill_id), engine), sweep
+
+
+def lone_records(store: Engine, run_id: int) -> list[tuple[int, int, float, float]]:
+    """A run's requests as (prompt tokens, output tokens, TTFT, E2E), as the quiet fit reads
+    its lone requests."""
+    frame = q.run_records(store, run_id)
+    columns = (frame["prompt_tokens"], frame["output_tokens"], frame["ttft_s"], frame["e2e_s"])
+    return list(zip(*columns, strict=True))
 
 
 def calibrate(
