@@ -32,9 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import (
+    SHAPE_PLANS,
     SPEED_WINDOW_S,
     EngineConfig,
     HostSpeed,
+    MatmulPlans,
     RequestResult,
     SimRequest,
     StepCost,
@@ -61,6 +63,21 @@ PREFILL_PARAMS: dict[str, Any] = {
     "arrival": "constant",
     "duration_s": 48.0,
     "profile": {"kind": "empirical", "pairs": [[64, 16], [1024, 16], [4096, 16]]},
+}
+# What a step with a token count not run lately takes to plan (`shape_cost`): lone prompts
+# of one length and of many (one prefill step each, under the CPU engine's 512-token
+# budget), half and half, four a second (each TTFT a few tens of ms: alone in the engine).
+SHAPE_REPEATED = 320
+SHAPE_PARAMS: dict[str, Any] = {
+    "rate": 4.0,
+    "arrival": "constant",
+    "duration_s": 15.0,
+    "profile": {
+        "kind": "empirical",
+        "pairs": [[SHAPE_REPEATED, 2], *([p, 2] for p in range(330, 512, 2))],
+        "weights": [91.0, *(1.0 for _ in range(330, 512, 2))],
+    },
+    "seed": 5,
 }
 
 
@@ -268,6 +285,9 @@ class Calibration(BaseModel):
     # What the same run's drain says a sequence costs a step under load beyond `seq_s`
     # (`full_batch`; 0 unmeasured); with `load_scale` on both.
     load_seq_s: float = 0.0
+    # What a step with a token count not among the last 32 run takes to plan its matmuls
+    # (StepCost.shape_s; `shape_cost`); 0 unmeasured.
+    shape_s: float = Field(0.0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -290,6 +310,7 @@ class Calibration(BaseModel):
             seq_s=max(self.seq_s + self.load_seq_s, 0.0) * k,
             pair_s=self.pair_s * k,
             arrival_s=self.arrival_s,
+            shape_s=self.shape_s * k,
         )
 
     @property
@@ -328,6 +349,11 @@ class Calibration(BaseModel):
         )
         if self.step_kinds:
             tuned += f", fitted again with {self.step_kinds} kinds of its steps"
+        if self.shape_s:
+            tuned += (
+                f"; a step with a token count not run lately takes {self.shape_s * 1000:.2f} "
+                "ms more"
+            )
         if self.saturated_rate is not None:
             tuned += (
                 f"; each intake of requests takes {self.arrival_s * 1000:.2f} ms of the "
@@ -784,6 +810,46 @@ def arrival_cost(
     return cost, (
         f"TPOT mean {during * 1000:.2f} ms while {sides.rate:.1f} req/s arrived, "
         f"{after * 1000:.2f} ms in the drain ({len(arriving)} and {len(drain)} requests)"
+    )
+
+
+# Lone requests of each kind (a token count new to the engine, one it ran lately) that
+# `shape_cost` needs to read a difference.
+SHAPE_MIN_REQUESTS = 8
+
+
+def shape_cost(
+    calibration: Calibration, lone: Sequence[tuple[int, int, float]]
+) -> tuple[float | None, str]:
+    """What a step with a token count not among the engine's last `StepCost.shape_plans`
+    takes to plan (`StepCost.shape_s`), from lone requests in the order sent, as (prompt
+    tokens, output tokens, TTFT): their steps' token counts run through the engine's
+    plans tell which prompts needed new ones; the difference of the two kinds' median
+    TTFT over the quiet fit's lone TTFT is the cost (at least 0). (cost, how it was read),
+    or (None, why not) with too few of either kind."""
+    config = calibration.config()
+    cap = min(config.max_num_batched_tokens, config.prefill_cap)
+    plans = MatmulPlans(SHAPE_PLANS)
+    new: list[float] = []
+    again: list[float] = []
+    coefficients = np.array([getattr(calibration, name) for name in _COEFFICIENTS])
+    for prompt, output, ttft in lone:
+        chunks = [min(cap, prompt - done) for done in range(0, prompt, cap)]
+        novel = [plans.use(c) for c in chunks]  # (every chunk used, in order)
+        if output > 1:
+            plans.use(1)  # (its decodes)
+        alone = float(np.dot(_prefill_row(prompt, config)[: len(coefficients)], coefficients))
+        (new if any(novel) else again).append(ttft - alone)
+    if min(len(new), len(again)) < SHAPE_MIN_REQUESTS:
+        return None, (
+            f"{len(new)} lone prompts needed new plans and {len(again)} did not; each kind "
+            f"needs {SHAPE_MIN_REQUESTS}"
+        )
+    over_new, over_again = float(np.median(new)), float(np.median(again))
+    return max(0.0, over_new - over_again), (
+        f"the TTFT of {len(new)} lone prompts whose token count was new ran "
+        f"{over_new * 1000:+.2f} ms over the quiet fit, of {len(again)} run lately "
+        f"{over_again * 1000:+.2f} ms"
     )
 
 

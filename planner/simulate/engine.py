@@ -81,6 +81,11 @@ class EngineConfig:
         return self.max_num_batched_tokens
 
 
+# The step token counts vLLM's CPU backend keeps matmul plans for (its oneDNN handlers'
+# primitive cache, 32 per weight shape, most recently used kept).
+SHAPE_PLANS = 32
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """Seconds per engine step: a fixed overhead plus the slower of reading memory (the
@@ -97,7 +102,14 @@ class StepCost:
     (charged per request instead, bursts of CV 3 read 35-120 % too much TTFT p50). The
     steps that follow pay it, each at most doubled (the intake shares the engine's CPU, it
     does not stop the engine). 0 on a roofline; a calibration measures it
-    (`arrival_cost`)."""
+    (`arrival_cost`).
+    `shape_s`: what a step pays when its token count is not among the `shape_plans` most
+    recently run. vLLM's CPU backend plans each linear layer's oneDNN matmul for one
+    number of rows (the step's tokens) and keeps the plans of the last 32 numbers: a step
+    with a new count plans anew (the CPU engine: about 2.5 ms, a fifth of a lone short
+    prompt's TTFT), which a mix of prompt lengths meets at nearly every prefill and one
+    length never. 0 on a roofline (not measured on a GPU); a calibration measures it
+    (`shape_cost`)."""
 
     overhead_s: float
     weights_read_s: float
@@ -107,6 +119,8 @@ class StepCost:
     seq_s: float = 0.0
     pair_s: float = 0.0
     arrival_s: float = 0.0
+    shape_s: float = 0.0
+    shape_plans: int = SHAPE_PLANS
 
     def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
         """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
@@ -147,7 +161,33 @@ class StepCost:
             self.seq_s * k,
             self.pair_s * k,
             self.arrival_s * k,
+            self.shape_s * k,
+            self.shape_plans,
         )
+
+
+class MatmulPlans:
+    """The step token counts an engine holds matmul plans for (`StepCost.shape_s`): the
+    `kept` most recently run."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self.counts: OrderedDict[int, None] = OrderedDict()  # least recent first
+
+    def __contains__(self, tokens: int) -> bool:
+        return tokens in self.counts
+
+    def use(self, tokens: int) -> bool:
+        """Run a step of `tokens` tokens: True when it needed a new plan. Its count becomes
+        the most recent; past `kept`, the least recent is dropped."""
+        counts = self.counts
+        if tokens in counts:
+            counts.move_to_end(tokens)
+            return False
+        counts[tokens] = None
+        if len(counts) > self.kept:
+            counts.popitem(last=False)
+        return True
 
 
 # The window a calibration measures the host's speed over (a few seconds: a shared
@@ -547,6 +587,9 @@ class _Engine:
         # The last step or stretch may have finished a request (a stretch cut short by an
         # arrival or by blocks has not).
         self.maybe_done = False
+        # The token counts the engine holds matmul plans for, least recent first
+        # (StepCost.shape_s); none tracked when planning costs nothing.
+        self.plans = MatmulPlans(cost.shape_plans) if cost.shape_s else None
 
     def run(self, fast_forward: bool) -> Iterator[RequestResult]:
         while self.pending is not None or self.waiting or self.running.n:
@@ -579,6 +622,11 @@ class _Engine:
         paid = min(self.debt, step_s)  # (at most doubled: see StepCost.arrival_s)
         self.debt -= paid
         return (step_s + paid) * self.factor
+
+    def planned(self, tokens: int) -> float:
+        """What a step of `tokens` tokens pays to plan its matmuls (StepCost.shape_s): 0 when
+        the engine holds a plan for that count; the count becomes the most recent."""
+        return self.cost.shape_s if self.plans is not None and self.plans.use(tokens) else 0.0
 
     def next_window(self) -> None:
         """The host speed's window that `now` is in."""
@@ -717,7 +765,8 @@ class _Engine:
         tokens = _isum(got)
         kv_tokens = _isum((computed + got)[scheduled])
         pairs = _isum(got * computed + got * (got + 1) // 2)
-        step = self.charged(self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs))
+        step = self.cost.step_s(tokens, kv_tokens, _isum(scheduled), pairs)
+        step = self.charged(step + self.planned(tokens))
         self.now += step
         stats.steps += 1
         stats.tokens += tokens
@@ -795,7 +844,8 @@ class _Engine:
             tokens += chunk
             kv_tokens += cached + chunk
             pairs += pairs_of(chunk, cached)
-        step = self.charged(self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs))
+        step = self.cost.step_s(tokens, kv_tokens, n0 + len(admitted), pairs)
+        step = self.charged(step + self.planned(tokens))
         self.now += step
         now = self.now
         stats.steps += 1
@@ -893,6 +943,9 @@ class _Engine:
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
+        new_count = self.plans is not None and n not in self.plans
+        if new_count:
+            steps[0] += self.cost.shape_s  # (the first step plans; `planned` once taken)
         if self.debt > steps[0]:
             return False  # (steps one by one pay it off: `charged`)
         steps[0] += self.debt  # (as `charged`: the debt, then the host's speed)
@@ -912,6 +965,7 @@ class _Engine:
             return False
         self.maybe_done = k == left
         self.debt = 0.0
+        self.planned(n)  # (its count the most recent, planned or not)
         steps[0] = first
         stats = self.stats
         stats.busy_s += _fsum(steps[:k])

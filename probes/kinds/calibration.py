@@ -1,5 +1,7 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
-benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then an
+benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then
+lone prompts of one length and of many for what a step with a token count not run lately
+takes to plan (`planner.simulate.calibrate.shape_cost`), then a
 short open-loop run past the knee for the engine time each intake of requests takes
 (`planner.simulate.calibrate.arrival_cost`), then an open-loop run at a share of the quiet
 fit's capacity (the tune, with that arrival cost in its replays), made again at half the
@@ -13,6 +15,7 @@ bursts is refused (`bursts`): its timings say nothing of the engine's steps."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from planner.simulate.calibrate import (
     LOAD_TRIES,
     PREFILL_PARAMS,
     SATURATED_PARAMS,
+    SHAPE_PARAMS,
     SWEEP_PARAMS,
     Calibration,
     LoadRun,
@@ -39,6 +43,7 @@ from planner.simulate.calibrate import (
     queued_spread,
     quiet_fit,
     saturated_rate,
+    shape_cost,
     tune,
     tuning_refused,
 )
@@ -83,6 +88,7 @@ def calibrate(
 ) -> Calibration:
     """Measure the engine through `run` (its runs stored in `store`) and fit the simulator."""
     fitted, sweep = quiet(store, run, engine)
+    fitted = _shapes_priced(store, run, fitted, say)
     priced, past = _arrivals_priced(store, run, fitted, saturated_rate(fitted, sweep), say)
     tuned, again = _tuned(store, run, priced, load_rate(fitted, sweep), LOAD_PARAMS["seed"], say)
     if past is None:
@@ -147,6 +153,31 @@ def _arrivals_priced(
         f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
     priced = fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
     return priced, (requests, measured)
+
+
+def _shapes_priced(
+    store: Engine, run: RunProbe, fitted: Calibration, say: Callable[[str], None]
+) -> Calibration:
+    """`fitted` with what a step with a token count not run lately takes to plan, read from
+    lone prompts of one length and of many (`shape_cost`); as it was, with the reason said
+    through `say`, when that run fails or cannot tell."""
+    try:
+        run_id, _ = run("latency", dict(SHAPE_PARAMS))
+    except TargetError as err:
+        cost, how = None, f"failed: {err}"
+    else:
+        lone = [
+            (int(p), int(o), float(ttft))
+            for p, o, ttft, _ in lone_records(store, run_id)
+            if all(x is not None and math.isfinite(x) for x in (p, o, ttft))
+        ]
+        cost, how = shape_cost(fitted, lone)
+    if cost is None:
+        say(f"the run of lone prompts of many lengths {how}; the calibration leaves new "
+            "token counts without a cost")  # fmt: skip
+        return fitted
+    say(f"{how}; a step with a token count not run lately takes {cost * 1000:.2f} ms more")
+    return fitted.model_copy(update={"shape_s": cost})
 
 
 def _replayed(store: Engine, run_id: int) -> Replayed:

@@ -30,6 +30,7 @@ from planner.simulate.calibrate import (
     queued_spread,
     quiet_fit,
     retune_hint,
+    shape_cost,
     sweep_prefills,
     tune,
     tuning_refused,
@@ -576,3 +577,39 @@ def test_steps_are_fitted_on_only_beside_the_quiet_rows_and_with_both_kinds() ->
     # No step finished a prefill, or too few of a kind: nothing to tell the prefill by.
     assert on_steps(quiet, [s for s in steps if not s.prefills]) == quiet
     assert on_steps(quiet, steps[::2]) == quiet  # 12 or 13 of each kind
+
+
+def test_a_token_count_not_run_lately_is_read_from_lone_prompts_in_the_order_sent() -> None:
+    """`shape_cost` runs the lone prompts' token counts through the engine's 32 plans in
+    the order sent: a count 34 other counts ago is new again, one used every other request
+    is not, 40 counts in turn are new every time; the
+    difference of the two kinds' TTFT over the quiet fit is the cost, never below 0, and
+    too few of a kind cannot tell."""
+    cal = fit(*samples(), CONFIG)
+
+    def ttft(prompt: int, new: bool, shape_s: float) -> float:
+        return API_S + lone_ttft(prompt) + (shape_s if new else 0.0)
+
+    # 300 again and again between new counts: 300 stays; 301, 34 other counts later (300,
+    # the 32 new ones and a decode's 1), is new again, then kept.
+    order = [301, *(p for n in range(330, 393, 2) for p in (300, n)), 301, 300, 300, 301]
+    news = [True, True, True, *([False, True] * 31), True, False, False, False]
+    assert len(order) == len(news)
+    for shape_s in (0.0025, 0.0):
+        lone = [(p, 2, ttft(p, new, shape_s)) for p, new in zip(order, news, strict=True)]
+        cost, how = shape_cost(cal, lone)
+        assert cost == pytest.approx(shape_s, abs=2e-4)
+        assert "lone prompts whose token count was new" in how
+    cycle = list(range(330, 410, 2))  # (40 counts: each gone when it comes round again)
+    thrash = [
+        (p, 2, ttft(p, p != 300 or i == 80, 0.0025))
+        for i, p in enumerate([*cycle, *cycle, *[300] * 10])
+    ]
+    assert shape_cost(cal, thrash)[0] == pytest.approx(0.0025, abs=2e-4)
+    faster = [(p, 2, ttft(p, not new, 0.0025)) for p, new in zip(order, news, strict=True)]
+    assert shape_cost(cal, faster)[0] == 0.0
+    few = [(300, 2, ttft(300, False, 0.0))] * 20 + [(400, 2, ttft(400, True, 0.0025))]
+    assert shape_cost(cal, few) == (
+        None,
+        "2 lone prompts needed new plans and 19 did not; each kind needs 8",
+    )

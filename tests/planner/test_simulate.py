@@ -447,3 +447,52 @@ def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: Engin
         assert fast_stats.steps == slow_stats.steps
         assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
         assert fast_stats.busy_s > plain_stats.busy_s  # (arrivals found a batch running)
+
+
+def test_a_step_with_a_token_count_not_run_lately_pays_for_its_plans() -> None:
+    """`StepCost.shape_s`: a step whose token count is not among the last `shape_plans`
+    counts run pays it once, and its count becomes the most recent (kept by use, not by
+    age); an engine that plans for free runs as before."""
+    planning = replace(COST, shape_s=0.0025, shape_plans=3)
+    lone = [SimRequest(1.0 * i, p, 1) for i, p in enumerate([300, 300, 301, 300, 302, 303, 300])]
+    plain = [r.ttft_s for r in simulate(lone, CONFIG, COST)]
+    planned = [r.ttft_s for r in simulate(lone, CONFIG, planning)]
+    paid = [round((b or 0.0) - (a or 0.0), 6) for a, b in zip(plain, planned, strict=True)]
+    # 300 new; again; 301 new; 300 kept; 302 new; 303 new (301 goes: 300 was used after it);
+    # 300 still kept (three counts: 300, 302, 303).
+    assert paid == [0.0025, 0.0, 0.0025, 0.0, 0.0025, 0.0025, 0.0]
+    evicted = [SimRequest(1.0 * i, p, 1) for i, p in enumerate([300, 301, 302, 303, 300])]
+    alone = {p: COST.step_s(p, p) for p in (300, 301, 302, 303)}
+    over = [
+        (r.ttft_s or 0.0) - alone[r.request.prompt_tokens]
+        for r in simulate(evicted, CONFIG, planning)
+    ]
+    assert over == pytest.approx([0.0025] * 5)
+    # A lone request's decodes: its first decode step plans for one row, the rest do not.
+    (r,) = simulate([SimRequest(0.0, 300, 6)], CONFIG, planning)
+    (base,) = simulate([SimRequest(0.0, 300, 6)], CONFIG, COST)
+    assert (r.e2e_s or 0.0) - (base.e2e_s or 0.0) == pytest.approx(2 * 0.0025)
+    assert replace(COST, shape_s=0.0) == COST and COST.scaled(2.0).shape_plans == 32
+    assert planning.scaled(2.0).shape_s == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(
+    "config", [CONFIGS["few-seqs"], CONFIGS["starved"]], ids=["few-seqs", "starved"]
+)
+def test_plans_paid_in_stretches_are_those_paid_step_by_step(config: EngineConfig) -> None:
+    """A mix of prompt lengths under load: the stretches pay the plans their first step
+    needs exactly as single steps do, and the planning shows in the busy time."""
+    rng = np.random.default_rng(11)
+    times = np.cumsum(rng.exponential(1 / 10.0, 500))
+    traffic = [
+        SimRequest(float(t), int(rng.integers(16, 1500)), int(rng.integers(2, 200))) for t in times
+    ]
+    planning = replace(COST, shape_s=0.0025, shape_plans=4)
+    plain_stats, slow_stats, fast_stats = EngineStats(), EngineStats(), EngineStats()
+    list(simulate(traffic, config, COST, plain_stats))
+    slow = list(simulate(traffic, config, planning, slow_stats, fast_forward=False))
+    fast = list(simulate(traffic, config, planning, fast_stats))
+    assert slow == fast and fast_stats.stretches > 0
+    assert fast_stats.steps == slow_stats.steps
+    assert fast_stats.busy_s == pytest.approx(slow_stats.busy_s, rel=1e-12)
+    assert fast_stats.busy_s > plain_stats.busy_s + 100 * 0.0025

@@ -18,13 +18,14 @@ from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
     SATURATED_PARAMS,
+    SHAPE_PARAMS,
     SWEEP_CONTEXT,
     Sweep,
     load_rate,
     saturated_rate,
 )
 from planner.simulate.whatif import Scenario, capacity_rps, traffic
-from planner.workload import Arrival, FixedProfile
+from planner.workload import Arrival, FixedProfile, parse_profile
 from probes.kinds import calibration
 from storage import queries as q
 from storage.db import transaction
@@ -37,8 +38,9 @@ PROFILE = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTE
 class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
     stores their requests; its tuning runs report a standing queue `queued` times. Each
-    arrival takes `arrival_s` of its steps' time, and under open-loop load a sequence
-    costs a step `seq_extra` more than quiet."""
+    arrival takes `arrival_s` of its steps' time, under open-loop load a sequence costs a
+    step `seq_extra` more than quiet, and a step with a token count not run lately
+    `shape_s` more."""
 
     def __init__(
         self,
@@ -47,9 +49,10 @@ class FakeEngine:
         bursts: bool = False,
         arrival_s: float = 0.0,
         seq_extra: float = 0.0,
+        shape_s: float = 0.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
-        self.seq_extra = seq_extra
+        self.seq_extra, self.shape_s = seq_extra, shape_s
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
@@ -61,6 +64,15 @@ class FakeEngine:
             return run.id, self.sweep()
         if "rate" in params and params["profile"]["kind"] == "fixed":
             return run.id, self.load(run.id, params)
+        if "weights" in params["profile"]:  # (lone prompts of one length and of many)
+            rate = float(params["rate"])
+            n = int(rate * params["duration_s"])
+            shapes = parse_profile(params["profile"]).shapes(n, params["seed"])
+            lone = [
+                SimRequest(i / rate, s.prompt_tokens, s.output_tokens) for i, s in enumerate(shapes)
+            ]
+            self.store_requests(run.id, lone)
+            return run.id, {}
         pairs = params["profile"]["pairs"]
         lone = [SimRequest(8.0 * i, prompt, out) for i, (prompt, out) in enumerate(pairs * 2)]
         self.store_requests(run.id, lone)
@@ -98,7 +110,7 @@ class FakeEngine:
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
             seq_s=(TRUE.seq_s + seq_extra) * slow, pair_s=TRUE.pair_s * slow,
-            arrival_s=self.arrival_s,
+            arrival_s=self.arrival_s, shape_s=self.shape_s,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -187,7 +199,7 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert engine.calls[0][1]["seed"] != LOAD_PARAMS["seed"]  # new prompts, not the cached
     assert again.load_scale == pytest.approx(1.6, rel=0.1)
     kept = ("overhead_s", "token_s", "seq_s", "pair_s", "api_s", "residual_low", "samples",
-            "arrival_s", "saturated_rate", "load_seq_s", "queued_tpot")  # fmt: skip
+            "arrival_s", "saturated_rate", "load_seq_s", "queued_tpot", "shape_s")  # fmt: skip
     assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
 
@@ -219,7 +231,8 @@ def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
     # are the simulator's): a spread about 1, its mean 1.
     assert len(cal.queued_tpot) >= 30 and np.mean(cal.queued_tpot) == pytest.approx(1, abs=0.01)
     assert max(abs(k - 1) for k in cal.queued_tpot) < 0.1
-    [said] = engine.said
+    shapes, said = engine.said
+    assert "a step with a token count not run lately takes 0.00 ms more" in shapes
     assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
     # Past the knee, at 1.2 times what the engine serves.
     truth = dataclasses.replace(TRUE, arrival_s=arrival_s, seq_s=TRUE.seq_s + seq_extra)
@@ -244,7 +257,7 @@ def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
     assert cal.tuned_rate is not None and cal.load_scale > 1  # (the arrivals in the steps)
     assert (cal.arrival_s, cal.saturated_rate) == (0.0, None)
     assert cal.queued_tpot == []
-    [said] = engine.said
+    said = engine.said[-1]
     assert said.startswith("the run past the knee at ") and said.endswith(
         " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
         "leaves arrivals without a cost"
@@ -260,3 +273,42 @@ def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engi
     with pytest.raises(InvalidInput, match=r"max_num_seqs 16 \(fitted on 8\)"):
         calibration.retune(store, engine.run, cal, other, engine.said.append)
     assert engine.calls == []  # refused before anything ran
+
+
+@pytest.mark.parametrize("shape_s", [0.0, 0.0025])
+def test_lone_prompts_of_many_lengths_price_a_token_count_not_run_lately(
+    store: Engine, shape_s: float
+) -> None:
+    """After the quiet fit, lone prompts of one length and of many: those whose token
+    count the engine had not run among its last 32 took `shape_s` longer, and the
+    calibration finds it (0 where planning is free); what was measured and what follows
+    from it are said."""
+    engine = FakeEngine(store, shape_s=shape_s)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert [kind for kind, _ in engine.calls][:3] == ["batch_sweep", "latency", "latency"]
+    assert engine.calls[2][1] == SHAPE_PARAMS
+    assert cal.shape_s == pytest.approx(shape_s, abs=1e-4)
+    assert cal.cost().shape_s == pytest.approx(shape_s * cal.load_scale, abs=1e-4)
+    said = engine.said[0]
+    assert "lone prompts whose token count was new" in said
+    assert said.endswith(
+        f"a step with a token count not run lately takes {cal.shape_s * 1000:.2f} ms more"
+    )
+    assert ("not run lately takes" in cal.describe()) == bool(shape_s)
+
+
+def test_a_run_of_lone_prompts_that_fails_leaves_new_token_counts_unpriced(store: Engine) -> None:
+    engine = FakeEngine(store, shape_s=0.0025)
+    measure = engine.run
+
+    def failing(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if params == SHAPE_PARAMS:
+            raise TargetError("the engine at http://127.0.0.1:9 stopped answering")
+        return measure(kind, params)
+
+    cal = calibration.calibrate(store, failing, CONFIG, engine.said.append)
+    assert cal.shape_s == 0.0 and cal.tuned_rate is not None
+    assert engine.said[0] == (
+        "the run of lone prompts of many lengths failed: the engine at http://127.0.0.1:9 "
+        "stopped answering; the calibration leaves new token counts without a cost"
+    )
