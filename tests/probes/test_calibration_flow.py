@@ -64,7 +64,7 @@ class FakeEngine:
             return run.id, self.sweep()
         if "rate" in params and params["profile"]["kind"] == "fixed":
             return run.id, self.load(run.id, params)
-        if "weights" in params["profile"]:  # (lone prompts of one length and of many)
+        if params == SHAPE_PARAMS:  # (lone prompts of one length and of many)
             rate = float(params["rate"])
             n = int(rate * params["duration_s"])
             shapes = parse_profile(params["profile"]).shapes(n, params["seed"])
