@@ -253,19 +253,26 @@ class LognormalProfile(_Profile):
 
 
 class EmpiricalProfile(_Profile):
-    """(prompt, output) pairs replayed at random: a trace, or a histogram with `weights`."""
+    """(prompt, output) pairs replayed at random: a trace, or a histogram with `weights`;
+    with `in_order`, the trace as recorded, from its first pair again past its last."""
 
     kind: Literal["empirical"] = "empirical"
     pairs: list[tuple[PositiveInt, PositiveInt]] = Field(min_length=1)
     weights: list[PositiveFloat] | None = None
+    in_order: bool = False
 
     @model_validator(mode="after")
     def _one_weight_per_pair(self) -> EmpiricalProfile:
         if self.weights is not None and len(self.weights) != len(self.pairs):
             raise ValueError(f"{len(self.weights)} weights for {len(self.pairs)} pairs")
+        if self.weights is not None and self.in_order:
+            raise ValueError("weights draw pairs at random; a trace in order takes none")
         return self
 
     def iter_shapes(self, rng: np.random.Generator) -> Iterator[RequestShape]:
+        if self.in_order:
+            for prompt, output in itertools.cycle(self.pairs):
+                yield RequestShape(prompt, output, tags={"profile": self.kind})
         p = None if self.weights is None else np.asarray(self.weights) / sum(self.weights)
         while True:
             prompt, output = self.pairs[int(rng.choice(len(self.pairs), p=p))]

@@ -32,6 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import InvalidInput
 from planner.simulate.engine import (
+    KEPT,
+    NEW,
+    REPLANNED,
     SHAPE_PLANS,
     SPEED_WINDOW_S,
     EngineConfig,
@@ -64,20 +67,23 @@ PREFILL_PARAMS: dict[str, Any] = {
     "duration_s": 48.0,
     "profile": {"kind": "empirical", "pairs": [[64, 16], [1024, 16], [4096, 16]]},
 }
-# What a step with a token count not run lately takes to plan (`shape_cost`): lone prompts
-# of one length and of many (one prefill step each, under the CPU engine's 512-token
-# budget), half and half, four a second (each TTFT a few tens of ms: alone in the engine).
-SHAPE_REPEATED = 320
+# What a step takes to plan its matmuls for a token count never run and for one evicted
+# from the 32 kept (`shape_cost`): lone prompts in order, six a second (each TTFT a few
+# tens of ms: alone in the engine), one prefill step each under the CPU engine's 512-token
+# budget. 24 lengths never run, the same again (kept), 24 others never run, then the first
+# 24 once more (evicted by the 24 others, the answers' decodes and themselves): each kind
+# of the same lengths.
+SHAPE_LENGTHS = (list(range(330, 378, 2)), list(range(331, 379, 2)))
 SHAPE_PARAMS: dict[str, Any] = {
-    "rate": 4.0,
+    "rate": 6.0,
     "arrival": "constant",
-    "duration_s": 15.0,
+    "duration_s": 16.0,
     "profile": {
         "kind": "empirical",
-        "pairs": [[SHAPE_REPEATED, 2], *([p, 2] for p in range(330, 512, 2))],
-        "weights": [91.0, *(1.0 for _ in range(330, 512, 2))],
+        "pairs": [[p, 2] for part in (0, 0, 1, 0) for p in SHAPE_LENGTHS[part]],
+        "in_order": True,
     },
-    "seed": 5,
+    "seed": 5,  # (prompts of their own: another run's of the same seed would be cached)
 }
 
 
@@ -285,9 +291,11 @@ class Calibration(BaseModel):
     # What the same run's drain says a sequence costs a step under load beyond `seq_s`
     # (`full_batch`; 0 unmeasured); with `load_scale` on both.
     load_seq_s: float = 0.0
-    # What a step with a token count not among the last 32 run takes to plan its matmuls
-    # (StepCost.shape_s; `shape_cost`); 0 unmeasured.
+    # What a step takes to plan its matmuls for a token count never run and for one run
+    # before but not among the last 32 (StepCost.shape_s and replan_s; `shape_cost`); 0
+    # unmeasured.
     shape_s: float = Field(0.0, ge=0)
+    replan_s: float = Field(0.0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -311,6 +319,7 @@ class Calibration(BaseModel):
             pair_s=self.pair_s * k,
             arrival_s=self.arrival_s,
             shape_s=self.shape_s * k,
+            replan_s=self.replan_s * k,
         )
 
     @property
@@ -349,10 +358,11 @@ class Calibration(BaseModel):
         )
         if self.step_kinds:
             tuned += f", fitted again with {self.step_kinds} kinds of its steps"
-        if self.shape_s:
+        if self.shape_s or self.replan_s:
             tuned += (
-                f"; a step with a token count not run lately takes {self.shape_s * 1000:.2f} "
-                "ms more"
+                f"; a step with a token count never run takes {self.shape_s * 1000:.2f} ms "
+                f"more, one run before but not among the last {SHAPE_PLANS} "
+                f"{self.replan_s * 1000:.2f} ms"
             )
         if self.saturated_rate is not None:
             tuned += (
@@ -820,37 +830,49 @@ SHAPE_MIN_REQUESTS = 8
 
 def shape_cost(
     calibration: Calibration, lone: Sequence[tuple[int, int, float]]
-) -> tuple[float | None, str]:
-    """What a step with a token count not among the engine's last `StepCost.shape_plans`
-    takes to plan (`StepCost.shape_s`), from lone requests in the order sent, as (prompt
-    tokens, output tokens, TTFT): their steps' token counts run through the engine's
-    plans tell which prompts needed new ones; the difference of the two kinds' median
-    TTFT over the quiet fit's lone TTFT is the cost (at least 0). (cost, how it was read),
-    or (None, why not) with too few of either kind."""
+) -> tuple[tuple[float, float] | None, str]:
+    """What a step takes to plan its matmuls for a token count the engine never ran
+    (`StepCost.shape_s`) and for one it ran before but not among its last
+    `StepCost.shape_plans` (`replan_s`), from lone requests in the order sent, as (prompt
+    tokens, output tokens, TTFT): their steps' counts run through the engine's plans tell
+    which kind each prompt met; each kind's median TTFT over the quiet fit's lone TTFT,
+    less that of the prompts whose counts were kept, is its cost (at least 0). ((new,
+    again), how it was read), or (None, why not) with too few new or kept; too few
+    planned again read 0."""
     config = calibration.config()
     cap = min(config.max_num_batched_tokens, config.prefill_cap)
     plans = MatmulPlans(SHAPE_PLANS)
-    new: list[float] = []
-    again: list[float] = []
+    over: tuple[list[float], list[float], list[float]] = ([], [], [])  # (by KEPT, ...)
     coefficients = np.array([getattr(calibration, name) for name in _COEFFICIENTS])
     for prompt, output, ttft in lone:
         chunks = [min(cap, prompt - done) for done in range(0, prompt, cap)]
-        novel = [plans.use(c) for c in chunks]  # (every chunk used, in order)
+        met = max(plans.use(c) for c in chunks)  # (every chunk used, in order)
         if output > 1:
             plans.use(1)  # (its decodes)
         alone = float(np.dot(_prefill_row(prompt, config)[: len(coefficients)], coefficients))
-        (new if any(novel) else again).append(ttft - alone)
-    if min(len(new), len(again)) < SHAPE_MIN_REQUESTS:
+        over[met].append(ttft - alone)
+    kept, again, new = (len(o) for o in over)
+    if min(kept, new) < SHAPE_MIN_REQUESTS:
         return None, (
-            f"{len(new)} lone prompts needed new plans and {len(again)} did not; each kind "
-            f"needs {SHAPE_MIN_REQUESTS}"
+            f"{new} lone prompts needed plans never built and {kept} found theirs kept; each "
+            f"kind needs {SHAPE_MIN_REQUESTS}"
         )
-    over_new, over_again = float(np.median(new)), float(np.median(again))
-    return max(0.0, over_new - over_again), (
-        f"the TTFT of {len(new)} lone prompts whose token count was new ran "
-        f"{over_new * 1000:+.2f} ms over the quiet fit, of {len(again)} run lately "
-        f"{over_again * 1000:+.2f} ms"
+    base = float(np.median(over[KEPT]))
+    costs = [
+        max(0.0, float(np.median(o)) - base) if len(o) >= SHAPE_MIN_REQUESTS else 0.0
+        for o in (over[NEW], over[REPLANNED])
+    ]
+    how = (
+        f"the TTFT of {new} lone prompts whose token count was never run ran "
+        f"{(base + costs[0]) * 1000:+.2f} ms over the quiet fit, of {kept} whose count was kept "
+        f"{base * 1000:+.2f} ms, "
     )
+    how += (
+        f"of {again} run before but not kept {(base + costs[1]) * 1000:+.2f} ms"
+        if again >= SHAPE_MIN_REQUESTS
+        else f"{again} run before but not kept (too few to read: 0)"
+    )
+    return (costs[0], costs[1]), how
 
 
 # The full batch's fit and the tune made again after it alternate (`full_batch`) until a

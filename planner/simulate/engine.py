@@ -103,13 +103,15 @@ class StepCost:
     steps that follow pay it, each at most doubled (the intake shares the engine's CPU, it
     does not stop the engine). 0 on a roofline; a calibration measures it
     (`arrival_cost`).
-    `shape_s`: what a step pays when its token count is not among the `shape_plans` most
-    recently run. vLLM's CPU backend plans each linear layer's oneDNN matmul for one
-    number of rows (the step's tokens) and keeps the plans of the last 32 numbers: a step
-    with a new count plans anew (the CPU engine: about 2.5 ms, a fifth of a lone short
-    prompt's TTFT), which a mix of prompt lengths meets at nearly every prefill and one
-    length never. 0 on a roofline (not measured on a GPU); a calibration measures it
-    (`shape_cost`)."""
+    `shape_s`: what a step pays when its token count is one the engine never ran, and
+    `replan_s` when it ran it before but not among the `shape_plans` most recent counts.
+    vLLM's CPU backend plans each linear layer's oneDNN matmul for one number of rows (the
+    step's tokens) and keeps the plans of the last 32 numbers; oneDNN keeps the kernels it
+    built behind them. A count never run builds them (the CPU engine: about 2-2.5 ms, a
+    fifth of a lone short prompt's TTFT), one evicted plans again from built kernels (a
+    fraction of that), one kept costs nothing: a mix of prompt lengths meets the first two
+    at most prefills, one length never. 0 on a roofline (not measured on a GPU); a
+    calibration measures both (`shape_cost`)."""
 
     overhead_s: float
     weights_read_s: float
@@ -121,6 +123,7 @@ class StepCost:
     arrival_s: float = 0.0
     shape_s: float = 0.0
     shape_plans: int = SHAPE_PLANS
+    replan_s: float = 0.0
 
     def step_s(self, tokens: int, kv_tokens: int, seqs: int = 0, pairs: int = 0) -> float:
         """One step that schedules `tokens` of `seqs` sequences, attends over `kv_tokens`
@@ -163,31 +166,43 @@ class StepCost:
             self.arrival_s * k,
             self.shape_s * k,
             self.shape_plans,
+            self.replan_s * k,
         )
+
+
+# What a step's token count is to the engine's matmul plans (`MatmulPlans.use`).
+KEPT, REPLANNED, NEW = 0, 1, 2
 
 
 class MatmulPlans:
     """The step token counts an engine holds matmul plans for (`StepCost.shape_s`): the
-    `kept` most recently run."""
+    `kept` most recently run, and every count it ever ran (at most its token budget)."""
 
     def __init__(self, kept: int) -> None:
         self.kept = kept
         self.counts: OrderedDict[int, None] = OrderedDict()  # least recent first
+        self.ever: set[int] = set()
 
-    def __contains__(self, tokens: int) -> bool:
-        return tokens in self.counts
+    def peek(self, tokens: int) -> int:
+        """What a step of `tokens` tokens would find: KEPT, REPLANNED or NEW."""
+        if tokens in self.counts:
+            return KEPT
+        return REPLANNED if tokens in self.ever else NEW
 
-    def use(self, tokens: int) -> bool:
-        """Run a step of `tokens` tokens: True when it needed a new plan. Its count becomes
-        the most recent; past `kept`, the least recent is dropped."""
+    def use(self, tokens: int) -> int:
+        """Run a step of `tokens` tokens: what it found (`peek`). Its count becomes the most
+        recent; past `kept`, the least recent is dropped."""
         counts = self.counts
         if tokens in counts:
             counts.move_to_end(tokens)
-            return False
+            return KEPT
         counts[tokens] = None
         if len(counts) > self.kept:
             counts.popitem(last=False)
-        return True
+        if tokens in self.ever:
+            return REPLANNED
+        self.ever.add(tokens)
+        return NEW
 
 
 # The window a calibration measures the host's speed over (a few seconds: a shared
@@ -589,7 +604,9 @@ class _Engine:
         self.maybe_done = False
         # The token counts the engine holds matmul plans for, least recent first
         # (StepCost.shape_s); none tracked when planning costs nothing.
-        self.plans = MatmulPlans(cost.shape_plans) if cost.shape_s else None
+        planning = cost.shape_s or cost.replan_s
+        self.plans = MatmulPlans(cost.shape_plans) if planning else None
+        self.plan_s = (0.0, cost.replan_s, cost.shape_s)  # (by KEPT, REPLANNED, NEW)
 
     def run(self, fast_forward: bool) -> Iterator[RequestResult]:
         while self.pending is not None or self.waiting or self.running.n:
@@ -624,9 +641,10 @@ class _Engine:
         return (step_s + paid) * self.factor
 
     def planned(self, tokens: int) -> float:
-        """What a step of `tokens` tokens pays to plan its matmuls (StepCost.shape_s): 0 when
-        the engine holds a plan for that count; the count becomes the most recent."""
-        return self.cost.shape_s if self.plans is not None and self.plans.use(tokens) else 0.0
+        """What a step of `tokens` tokens pays to plan its matmuls (StepCost.shape_s and
+        replan_s): 0 when the engine holds a plan for that count; the count becomes the most
+        recent."""
+        return 0.0 if self.plans is None else self.plan_s[self.plans.use(tokens)]
 
     def next_window(self) -> None:
         """The host speed's window that `now` is in."""
@@ -943,9 +961,8 @@ class _Engine:
         if k < 2:
             return False
         steps = self.cost.decode_steps_s(n, _isum(run.computed[:n]), k)
-        new_count = self.plans is not None and n not in self.plans
-        if new_count:
-            steps[0] += self.cost.shape_s  # (the first step plans; `planned` once taken)
+        if self.plans is not None:
+            steps[0] += self.plan_s[self.plans.peek(n)]  # (the first step; `planned` if taken)
         if self.debt > steps[0]:
             return False  # (steps one by one pay it off: `charged`)
         steps[0] += self.debt  # (as `charged`: the debt, then the host's speed)

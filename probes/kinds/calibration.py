@@ -1,7 +1,7 @@
 """A calibration's measurements, in one place for `kvscope simulate calibrate` and the
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then
-lone prompts of one length and of many for what a step with a token count not run lately
-takes to plan (`planner.simulate.calibrate.shape_cost`), then a
+lone prompts of many lengths in order for what a step takes to plan its matmuls for a token
+count never run and for one evicted (`planner.simulate.calibrate.shape_cost`), then a
 short open-loop run past the knee for the engine time each intake of requests takes
 (`planner.simulate.calibrate.arrival_cost`), then an open-loop run at a share of the quiet
 fit's capacity (the tune, with that arrival cost in its replays), made again at half the
@@ -47,6 +47,7 @@ from planner.simulate.calibrate import (
     tune,
     tuning_refused,
 )
+from planner.simulate.engine import SHAPE_PLANS
 from planner.simulate.steps import Steps, TokenTimes, observed_steps
 from planner.simulate.whatif import replay
 from storage import queries as q
@@ -158,9 +159,10 @@ def _arrivals_priced(
 def _shapes_priced(
     store: Engine, run: RunProbe, fitted: Calibration, say: Callable[[str], None]
 ) -> Calibration:
-    """`fitted` with what a step with a token count not run lately takes to plan, read from
-    lone prompts of one length and of many (`shape_cost`); as it was, with the reason said
-    through `say`, when that run fails or cannot tell."""
+    """`fitted` with what a step takes to plan its matmuls for a token count never run and
+    for one evicted from those kept, read from lone prompts of many lengths in order
+    (`shape_cost`); as it was, with the reason said through `say`, when that run fails or
+    cannot tell."""
     try:
         run_id, _ = run("latency", dict(SHAPE_PARAMS))
     except TargetError as err:
@@ -176,8 +178,10 @@ def _shapes_priced(
         say(f"the run of lone prompts of many lengths {how}; the calibration leaves new "
             "token counts without a cost")  # fmt: skip
         return fitted
-    say(f"{how}; a step with a token count not run lately takes {cost * 1000:.2f} ms more")
-    return fitted.model_copy(update={"shape_s": cost})
+    new, again = cost
+    say(f"{how}; a step with a token count never run takes {new * 1000:.2f} ms more, one run "
+        f"before but not among the last {SHAPE_PLANS} {again * 1000:.2f} ms")  # fmt: skip
+    return fitted.model_copy(update={"shape_s": new, "replan_s": again})
 
 
 def _replayed(store: Engine, run_id: int) -> Replayed:

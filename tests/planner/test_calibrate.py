@@ -12,6 +12,8 @@ import pytest
 from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import (
+    SHAPE_LENGTHS,
+    SHAPE_PARAMS,
     SWEEP_CONTEXT,
     Calibration,
     DecodeSample,
@@ -579,37 +581,42 @@ def test_steps_are_fitted_on_only_beside_the_quiet_rows_and_with_both_kinds() ->
     assert on_steps(quiet, steps[::2]) == quiet  # 12 or 13 of each kind
 
 
-def test_a_token_count_not_run_lately_is_read_from_lone_prompts_in_the_order_sent() -> None:
+def test_the_cost_of_a_token_count_is_read_from_lone_prompts_in_the_order_sent() -> None:
     """`shape_cost` runs the lone prompts' token counts through the engine's 32 plans in
-    the order sent: a count 34 other counts ago is new again, one used every other request
-    is not, 40 counts in turn are new every time; the
-    difference of the two kinds' TTFT over the quiet fit is the cost, never below 0, and
-    too few of a kind cannot tell."""
+    the order sent: a count never run, one run before but evicted, one kept; each kind's
+    TTFT over the kept ones' is its cost, never below 0. The calibration's own order (24
+    lengths, again, 24 others, the first again) meets all three; 40 counts in turn miss
+    every time; too few new or kept cannot tell, too few evicted read 0."""
     cal = fit(*samples(), CONFIG)
+    shape_s, replan_s = 0.0025, 0.0004
 
-    def ttft(prompt: int, new: bool, shape_s: float) -> float:
-        return API_S + lone_ttft(prompt) + (shape_s if new else 0.0)
+    def lone(
+        order: list[int], kinds: list[str], paid: dict[str, float]
+    ) -> list[tuple[int, int, float]]:
+        return [(p, 2, API_S + lone_ttft(p) + paid[k]) for p, k in zip(order, kinds, strict=True)]
 
-    # 300 again and again between new counts: 300 stays; 301, 34 other counts later (300,
-    # the 32 new ones and a decode's 1), is new again, then kept.
-    order = [301, *(p for n in range(330, 393, 2) for p in (300, n)), 301, 300, 300, 301]
-    news = [True, True, True, *([False, True] * 31), True, False, False, False]
-    assert len(order) == len(news)
-    for shape_s in (0.0025, 0.0):
-        lone = [(p, 2, ttft(p, new, shape_s)) for p, new in zip(order, news, strict=True)]
-        cost, how = shape_cost(cal, lone)
-        assert cost == pytest.approx(shape_s, abs=2e-4)
-        assert "lone prompts whose token count was new" in how
+    paid = {"new": shape_s, "again": replan_s, "kept": 0.0}
+    order = [p for part in (0, 0, 1, 0) for p in SHAPE_LENGTHS[part]]
+    kinds = ["new"] * 24 + ["kept"] * 24 + ["new"] * 24 + ["again"] * 24
+    assert [p for p, _ in SHAPE_PARAMS["profile"]["pairs"]] == order
+    costs, how = shape_cost(cal, lone(order, kinds, paid))
+    assert costs == pytest.approx((shape_s, replan_s), abs=1e-4)
+    assert "48 lone prompts whose token count was never run" in how
+    assert "of 24 whose count was kept" in how and "of 24 run before but not kept" in how
     cycle = list(range(330, 410, 2))  # (40 counts: each gone when it comes round again)
-    thrash = [
-        (p, 2, ttft(p, p != 300 or i == 80, 0.0025))
-        for i, p in enumerate([*cycle, *cycle, *[300] * 10])
-    ]
-    assert shape_cost(cal, thrash)[0] == pytest.approx(0.0025, abs=2e-4)
-    faster = [(p, 2, ttft(p, not new, 0.0025)) for p, new in zip(order, news, strict=True)]
-    assert shape_cost(cal, faster)[0] == 0.0
-    few = [(300, 2, ttft(300, False, 0.0))] * 20 + [(400, 2, ttft(400, True, 0.0025))]
-    assert shape_cost(cal, few) == (
+    thrash = [*cycle, *cycle, *[300] * 10]
+    kinds = ["new"] * 40 + ["again"] * 40 + ["new"] + ["kept"] * 9
+    assert shape_cost(cal, lone(thrash, kinds, paid))[0] == pytest.approx(
+        (shape_s, replan_s), abs=1e-4
+    )
+    faster = {"new": 0.0, "again": 0.0, "kept": shape_s}  # (read 0, not below)
+    assert shape_cost(cal, lone(thrash, kinds, faster))[0] == (0.0, 0.0)
+    once = [*SHAPE_LENGTHS[0], *SHAPE_LENGTHS[0]]  # (none evicted)
+    costs, how = shape_cost(cal, lone(once, ["new"] * 24 + ["kept"] * 24, paid))
+    assert costs == pytest.approx((shape_s, 0.0), abs=1e-4)
+    assert how.endswith("0 run before but not kept (too few to read: 0)")
+    few = [300] * 20 + [400]
+    assert shape_cost(cal, lone(few, ["new"] + ["kept"] * 19 + ["new"], paid)) == (
         None,
-        "2 lone prompts needed new plans and 19 did not; each kind needs 8",
+        "2 lone prompts needed plans never built and 19 found theirs kept; each kind needs 8",
     )

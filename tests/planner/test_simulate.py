@@ -450,10 +450,11 @@ def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: Engin
 
 
 def test_a_step_with_a_token_count_not_run_lately_pays_for_its_plans() -> None:
-    """`StepCost.shape_s`: a step whose token count is not among the last `shape_plans`
-    counts run pays it once, and its count becomes the most recent (kept by use, not by
-    age); an engine that plans for free runs as before."""
-    planning = replace(COST, shape_s=0.0025, shape_plans=3)
+    """`StepCost.shape_s`: a step whose token count the engine never ran pays it once;
+    `replan_s`, one whose count it ran before but not among the last `shape_plans` counts
+    (kept by use, not by age). Its count becomes the most recent; an engine that plans for
+    free runs as before."""
+    planning = replace(COST, shape_s=0.0025, shape_plans=3, replan_s=0.0004)
     lone = [SimRequest(1.0 * i, p, 1) for i, p in enumerate([300, 300, 301, 300, 302, 303, 300])]
     plain = [r.ttft_s for r in simulate(lone, CONFIG, COST)]
     planned = [r.ttft_s for r in simulate(lone, CONFIG, planning)]
@@ -467,13 +468,14 @@ def test_a_step_with_a_token_count_not_run_lately_pays_for_its_plans() -> None:
         (r.ttft_s or 0.0) - alone[r.request.prompt_tokens]
         for r in simulate(evicted, CONFIG, planning)
     ]
-    assert over == pytest.approx([0.0025] * 5)
+    assert over == pytest.approx([0.0025] * 4 + [0.0004])  # (300 run before, evicted)
     # A lone request's decodes: its first decode step plans for one row, the rest do not.
     (r,) = simulate([SimRequest(0.0, 300, 6)], CONFIG, planning)
     (base,) = simulate([SimRequest(0.0, 300, 6)], CONFIG, COST)
     assert (r.e2e_s or 0.0) - (base.e2e_s or 0.0) == pytest.approx(2 * 0.0025)
     assert replace(COST, shape_s=0.0) == COST and COST.scaled(2.0).shape_plans == 32
     assert planning.scaled(2.0).shape_s == pytest.approx(0.005)
+    assert planning.scaled(2.0).replan_s == pytest.approx(0.0008)
 
 
 @pytest.mark.parametrize(
@@ -487,7 +489,7 @@ def test_plans_paid_in_stretches_are_those_paid_step_by_step(config: EngineConfi
     traffic = [
         SimRequest(float(t), int(rng.integers(16, 1500)), int(rng.integers(2, 200))) for t in times
     ]
-    planning = replace(COST, shape_s=0.0025, shape_plans=4)
+    planning = replace(COST, shape_s=0.0025, shape_plans=4, replan_s=0.0007)
     plain_stats, slow_stats, fast_stats = EngineStats(), EngineStats(), EngineStats()
     list(simulate(traffic, config, COST, plain_stats))
     slow = list(simulate(traffic, config, planning, slow_stats, fast_forward=False))

@@ -39,8 +39,8 @@ class FakeEngine:
     """Answers the calibration's probes as the simulator with the true step cost would, and
     stores their requests; its tuning runs report a standing queue `queued` times. Each
     arrival takes `arrival_s` of its steps' time, under open-loop load a sequence costs a
-    step `seq_extra` more than quiet, and a step with a token count not run lately
-    `shape_s` more."""
+    step `seq_extra` more than quiet, and a step with a token count never run `shape_s`
+    more, one evicted from the 32 kept `replan_s`."""
 
     def __init__(
         self,
@@ -50,9 +50,10 @@ class FakeEngine:
         arrival_s: float = 0.0,
         seq_extra: float = 0.0,
         shape_s: float = 0.0,
+        replan_s: float = 0.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
-        self.seq_extra, self.shape_s = seq_extra, shape_s
+        self.seq_extra, self.shape_s, self.replan_s = seq_extra, shape_s, replan_s
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.said: list[str] = []
@@ -64,7 +65,7 @@ class FakeEngine:
             return run.id, self.sweep()
         if "rate" in params and params["profile"]["kind"] == "fixed":
             return run.id, self.load(run.id, params)
-        if params == SHAPE_PARAMS:  # (lone prompts of one length and of many)
+        if params == SHAPE_PARAMS:  # (lone prompts of many lengths, in order)
             rate = float(params["rate"])
             n = int(rate * params["duration_s"])
             shapes = parse_profile(params["profile"]).shapes(n, params["seed"])
@@ -110,7 +111,7 @@ class FakeEngine:
         cost = dataclasses.replace(
             TRUE, overhead_s=TRUE.overhead_s * slow, token_compute_s=TRUE.token_compute_s * slow,
             seq_s=(TRUE.seq_s + seq_extra) * slow, pair_s=TRUE.pair_s * slow,
-            arrival_s=self.arrival_s, shape_s=self.shape_s,
+            arrival_s=self.arrival_s, shape_s=self.shape_s, replan_s=self.replan_s,
         )  # fmt: skip
         results = list(simulate(requests, CONFIG, cost))
         with transaction(self.store) as s:
@@ -232,7 +233,7 @@ def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
     assert len(cal.queued_tpot) >= 30 and np.mean(cal.queued_tpot) == pytest.approx(1, abs=0.01)
     assert max(abs(k - 1) for k in cal.queued_tpot) < 0.1
     shapes, said = engine.said
-    assert "a step with a token count not run lately takes 0.00 ms more" in shapes
+    assert "a step with a token count never run takes 0.00 ms more" in shapes
     assert "in the drain" in said and f"takes {cal.arrival_s * 1000:.2f} ms" in said
     # Past the knee, at 1.2 times what the engine serves.
     truth = dataclasses.replace(TRUE, arrival_s=arrival_s, seq_s=TRUE.seq_s + seq_extra)
@@ -275,26 +276,30 @@ def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engi
     assert engine.calls == []  # refused before anything ran
 
 
-@pytest.mark.parametrize("shape_s", [0.0, 0.0025])
-def test_lone_prompts_of_many_lengths_price_a_token_count_not_run_lately(
-    store: Engine, shape_s: float
+@pytest.mark.parametrize(("shape_s", "replan_s"), [(0.0, 0.0), (0.0025, 0.0004)])
+def test_lone_prompts_of_many_lengths_in_order_price_each_kind_of_token_count(
+    store: Engine, shape_s: float, replan_s: float
 ) -> None:
-    """After the quiet fit, lone prompts of one length and of many: those whose token
-    count the engine had not run among its last 32 took `shape_s` longer, and the
-    calibration finds it (0 where planning is free); what was measured and what follows
-    from it are said."""
-    engine = FakeEngine(store, shape_s=shape_s)
+    """After the quiet fit, lone prompts of many lengths in order: those whose token count
+    the engine never ran took `shape_s` longer, those it had evicted from its 32 plans
+    `replan_s`, and the calibration finds both (0 where planning is free); what was
+    measured and what follows from it are said."""
+    engine = FakeEngine(store, shape_s=shape_s, replan_s=replan_s)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     assert [kind for kind, _ in engine.calls][:3] == ["batch_sweep", "latency", "latency"]
     assert engine.calls[2][1] == SHAPE_PARAMS
-    assert cal.shape_s == pytest.approx(shape_s, abs=1e-4)
-    assert cal.cost().shape_s == pytest.approx(shape_s * cal.load_scale, abs=1e-4)
-    said = engine.said[0]
-    assert "lone prompts whose token count was new" in said
-    assert said.endswith(
-        f"a step with a token count not run lately takes {cal.shape_s * 1000:.2f} ms more"
+    assert (cal.shape_s, cal.replan_s) == pytest.approx((shape_s, replan_s), abs=1e-4)
+    cost = cal.cost()
+    assert (cost.shape_s, cost.replan_s) == pytest.approx(
+        (shape_s * cal.load_scale, replan_s * cal.load_scale), abs=1e-4
     )
-    assert ("not run lately takes" in cal.describe()) == bool(shape_s)
+    said = engine.said[0]
+    assert "lone prompts whose token count was never run" in said
+    assert said.endswith(
+        f"a step with a token count never run takes {cal.shape_s * 1000:.2f} ms more, one run "
+        f"before but not among the last 32 {cal.replan_s * 1000:.2f} ms"
+    )
+    assert ("never run takes" in cal.describe()) == bool(shape_s)
 
 
 def test_a_run_of_lone_prompts_that_fails_leaves_new_token_counts_unpriced(store: Engine) -> None:

@@ -115,6 +115,14 @@ def test_empirical_pairs_follow_their_weights() -> None:
     assert counts[(10, 1)] / 10000 == pytest.approx(0.1, abs=0.02)
 
 
+def test_an_empirical_trace_in_order_is_sent_as_recorded_and_again() -> None:
+    trace = [(300, 2), (17, 1), (4000, 8)]
+    shapes = EmpiricalProfile(pairs=trace, in_order=True).shapes(7, seed=5)
+    assert [(s.prompt_tokens, s.output_tokens) for s in shapes] == [*trace, *trace, trace[0]]
+    with pytest.raises(ValueError, match="a trace in order takes none"):
+        EmpiricalProfile(pairs=trace, weights=[1, 1, 1], in_order=True)
+
+
 def test_code_review_is_mostly_short_with_a_share_of_very_long_prompts() -> None:
     shapes = get_profile("code-review").shapes(5000, seed=3)
     long = [s for s in shapes if s.prompt_tokens >= 4000]
