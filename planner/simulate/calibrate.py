@@ -429,13 +429,17 @@ def _ago(seconds: float) -> str:
     return f"{minutes / 1440:.0f} days ago"
 
 
+def _lone_chunks(prompt: int, config: EngineConfig) -> list[int]:
+    """The chunks a lone prompt's prefill takes, one step each: the token budget's."""
+    cap = min(config.max_num_batched_tokens, config.prefill_cap)
+    return [min(cap, prompt - done) for done in range(0, prompt, cap)]
+
+
 def _prefill_row(prompt: int, config: EngineConfig) -> list[float]:
     """Features of a lone prompt's prefill: one step per chunk of the token budget."""
-    cap = min(config.max_num_batched_tokens, config.prefill_cap)
     row = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     done = 0
-    while done < prompt:
-        chunk = min(prompt - done, cap)
+    for chunk in _lone_chunks(prompt, config):
         row[0] += 1
         row[1] += chunk
         row[2] += 1
@@ -823,8 +827,8 @@ def arrival_cost(
     )
 
 
-# Lone requests of each kind (a token count new to the engine, one it ran lately) that
-# `shape_cost` needs to read a difference.
+# Lone requests of each kind (a token count never run, one kept, one evicted) that
+# `shape_cost` needs to read a difference from the kept.
 SHAPE_MIN_REQUESTS = 8
 
 
@@ -840,13 +844,11 @@ def shape_cost(
     again), how it was read), or (None, why not) with too few new or kept; too few
     planned again read 0."""
     config = calibration.config()
-    cap = min(config.max_num_batched_tokens, config.prefill_cap)
     plans = MatmulPlans(SHAPE_PLANS)
     over: tuple[list[float], list[float], list[float]] = ([], [], [])  # (by KEPT, ...)
     coefficients = np.array([getattr(calibration, name) for name in _COEFFICIENTS])
     for prompt, output, ttft in lone:
-        chunks = [min(cap, prompt - done) for done in range(0, prompt, cap)]
-        met = max(plans.use(c) for c in chunks)  # (every chunk used, in order)
+        met = max(plans.use(c) for c in _lone_chunks(prompt, config))  # (each, in order)
         if output > 1:
             plans.use(1)  # (its decodes)
         alone = float(np.dot(_prefill_row(prompt, config)[: len(coefficients)], coefficients))
