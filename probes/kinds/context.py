@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import sys
 import time
 from abc import abstractmethod
 from collections.abc import (
@@ -49,9 +50,14 @@ from probes.vllm.metrics import ParsedScrape
 from storage.schemas import ProbeLimits
 
 T = TypeVar("T")
-# Runs of up to this many requests get every prompt before they start; longer ones a
-# window of this many ahead.
-PROMPTS_AHEAD = 1024
+# Prompts are built before a run starts: each is counted with the target's tokenizer, and
+# counting during a run is load on the target beside the run's own. A run gets every prompt
+# first when they come to at most PROMPT_TOKENS_AHEAD tokens (about 16 MB of text); a longer
+# one a window of that many tokens (PROMPTS_AHEAD requests at most, PROMPTS_AHEAD_MIN at
+# least) and the rest as it goes.
+PROMPT_TOKENS_AHEAD = 4_000_000
+PROMPTS_AHEAD = 4096
+PROMPTS_AHEAD_MIN = 256
 PROMPT_BUILD_S = 120.0  # allowance for building prompts, in a run's deadline
 SAMPLE_TIMEOUT_S = 2.0  # a scrape during a run: short, so a cancel is honoured in time
 # A scrape between steps, whose counters a step's verdict rests on: the engine is idle, but
@@ -114,6 +120,14 @@ Report = Callable[[float, ProbeProgress], None]
 Sink = Callable[[Sequence[RequestResult], str], None]
 
 
+def prompt_window(profile: Profile, seed: int, most: int = PROMPTS_AHEAD) -> int:
+    """How many prompts a run builds before it starts: PROMPT_TOKENS_AHEAD tokens of the
+    profile's first draws, `most` at most and PROMPTS_AHEAD_MIN (or `most`) at least."""
+    sample = profile.shapes(PROMPTS_AHEAD_MIN, seed)
+    mean = max(1.0, sum(s.prompt_tokens for s in sample) / len(sample))
+    return max(min(PROMPTS_AHEAD_MIN, most), min(int(PROMPT_TOKENS_AHEAD / mean), most))
+
+
 @dataclass
 class ProbeContext:
     """What a probe may use. `report(fraction, progress)` may be called often; it is cheap.
@@ -136,6 +150,7 @@ class ProbeContext:
     # The simulator's calibration stored for this target (`kvscope simulate calibrate`), if
     # any: the capacity probe's guided search predicts and re-aims with it.
     calibration: Calibration | None = None
+    prompts_ahead: int = PROMPTS_AHEAD  # (a test streams a short run with fewer)
 
     @property
     def base_url(self) -> str:
@@ -231,11 +246,13 @@ class ProbeContext:
     ]:
         """Prompts and send times for one open-loop run.
 
-        A run of up to PROMPTS_AHEAD requests gets its whole schedule and every prompt
-        before it starts (no tokenizer calls during the measurement); a longer one gets both
-        as it goes, prompts built a window ahead, so memory follows the window, not the plan.
+        A run whose prompts fit its window (`prompt_window`) gets its whole schedule and
+        every prompt before it starts: no tokenizer calls during the measurement. A longer
+        one gets its send times as it goes and its prompts a window ahead, the whole window
+        built before it starts, so memory follows the window, not the plan.
         """
-        if arrivals.expected(duration_s) <= PROMPTS_AHEAD:
+        window = prompt_window(profile, seed, self.prompts_ahead)
+        if min(arrivals.expected(duration_s), max_requests or sys.maxsize) <= window:
             schedule = arrivals.within(duration_s, seed)[:max_requests]
             return await self.profile_prompts(profile, len(schedule), seed, api), schedule
         times: Iterator[float] = arrivals.stream(duration_s, seed)
@@ -245,7 +262,7 @@ class ProbeContext:
             self.vllm, self.model, chat=api == "chat", seed=seed, cancelled=self.cancelled
         )
         shapes = profile.iter_shapes(np.random.default_rng(seed))
-        return builder.stream(shapes, PROMPTS_AHEAD), times
+        return await builder.ahead(shapes, window), times
 
     async def sleep(self, seconds: float) -> None:
         """Wait, but no longer than until the user cancels (checked every 0.1 s)."""

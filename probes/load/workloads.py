@@ -35,6 +35,7 @@ SHORT = ("a", "I", "the", "of", "and", "to", "in", "is", "it", "on")
 WORDS_PER_TOKEN = 0.8  # VOCAB in tiny-llama's (Llama 3) tokenizer: 1.2 tokens a word
 MAX_TRIES = 24
 SESSIONS_KEPT = 4096
+REFILL = 64  # prompts built at a time once a streamed run began
 
 
 class PromptBuilder:
@@ -105,17 +106,27 @@ class PromptBuilder:
         await asyncio.gather(*map(single, singles), *map(session, groups.values()))
         return [x for x in out if x is not None]
 
-    async def stream(
-        self, shapes: Iterator[RequestShape], ahead: int
+    async def ahead(
+        self, shapes: Iterator[RequestShape], window: int, refill: int = REFILL
     ) -> AsyncIterator[RequestSpec]:
-        """Prompts for `shapes` without end, built in windows while earlier ones are used:
-        at most `ahead` wait to be sent, so memory follows the window, not the run."""
-        window = max(1, ahead // 4)
-        ready: asyncio.Queue[RequestSpec] = asyncio.Queue(maxsize=ahead)
+        """Prompts for `shapes` without end: the first `window` built before this returns
+        (before the run's clock starts), the rest `refill` at a time as they are used, so
+        memory follows the window, not the run. Building counts each prompt with the
+        target's tokenizer: a window built once the run began was load on the target beside
+        the run's own (on the CPU engine the first 10 s of a run past the knee, which built
+        768 prompts, stepped 10-20 % slower and sent up to a second late); a few dozen at a
+        time keeps the counting as even as the sends."""
+        ready: asyncio.Queue[RequestSpec] = asyncio.Queue(maxsize=max(window, refill))
+        for spec in await self.build(list(itertools.islice(shapes, window))):
+            ready.put_nowait(spec)
+        return self._refilled(ready, shapes, refill)
 
+    async def _refilled(
+        self, ready: asyncio.Queue[RequestSpec], shapes: Iterator[RequestShape], refill: int
+    ) -> AsyncIterator[RequestSpec]:
         async def produce() -> None:
             while not self.cancelled():
-                for spec in await self.build(list(itertools.islice(shapes, window))):
+                for spec in await self.build(list(itertools.islice(shapes, refill))):
                     await ready.put(spec)
 
         producer = asyncio.get_running_loop().create_task(produce())

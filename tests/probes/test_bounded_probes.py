@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,23 @@ import pytest
 from sqlalchemy import Engine
 
 from planner.errors import Cancelled, InvalidInput
-from planner.workload import Arrival
+from planner.workload import Arrival, FixedProfile, parse_profile
 from probes.engine.spec import EngineSpec, embedded_spec
 from probes.kinds import KINDS, StoredRun, execute, get_kind, parse_params
-from probes.kinds.context import ProbeContext
-from probes.load.generator import Bounds, RequestSpec, new_client, run_open_loop
+from probes.kinds.context import (
+    PROMPT_TOKENS_AHEAD,
+    PROMPTS_AHEAD,
+    PROMPTS_AHEAD_MIN,
+    ProbeContext,
+    prompt_window,
+)
+from probes.load.generator import (
+    Bounds,
+    RequestResult,
+    RequestSpec,
+    new_client,
+    run_open_loop,
+)
 from probes.vllm.client import AsyncVllmClient, Endpoint, Target
 from storage import queries as q
 from storage.schemas import ProbeLimits
@@ -85,15 +98,19 @@ def test_an_open_loop_over_its_in_flight_cap_records_misses(tmp_path: Path) -> N
 
 def test_a_long_schedule_is_made_as_the_run_goes() -> None:
     """A run of more requests than fit a prompt window gets its send times and prompts as it
-    goes, and hands its records on in batches instead of keeping them."""
-    counted: list[int] = []
+    goes, and hands its records on in batches instead of keeping them. Its whole first
+    window is built before its clock starts, and the rest a few at a time as they are used:
+    counting prompts with the target during the run is load on it."""
+    batches: list[Sequence[RequestResult]] = []
+    window = 256
 
     async def go(url: str) -> Any:
         async with new_client() as http:
             vllm = AsyncVllmClient(Target(url), http)
             ctx = ProbeContext(
-                vllm, "tiny-llama", sink=lambda recs, step: counted.append(len(recs))
-            )
+                vllm, "tiny-llama", sink=lambda recs, step: batches.append(recs),
+                prompts_ahead=window,
+            )  # fmt: skip
             params = parse_params("latency", {"rate": 400, "duration_s": 5, "prompt_tokens": 8})
             profile = params.workload()  # type: ignore[attr-defined]
             arrivals = Arrival(kind="constant", rate=400)
@@ -104,11 +121,35 @@ def test_a_long_schedule_is_made_as_the_run_goes() -> None:
     with serve(FakeConfig(keep_bodies=True)) as fake:
         result = asyncio.run(go(fake.url))
     assert result.records == []  # not kept: they went to the sink as the run went
-    assert sum(counted) == result.tally.requests == 2000
-    assert len(counted) > 2  # in batches, during the run
+    assert sum(map(len, batches)) == result.tally.requests == 2000
+    assert len(batches) > 2  # in batches, during the run
     assert result.planned == 2000 and result.tally.ok == 2000
     # Every prompt was built (by the stand-in's tokenizer) and none twice.
     assert len({b["prompt"] for b in fake.bodies}) == 2000
+    first_send = fake.sent[0][0]
+    before = [t for t in fake.tokenized if t < first_send]
+    assert len(before) >= window  # the whole window, before the first send
+    first = min((r for batch in batches for r in batch), key=lambda r: r.seq)
+    # The first request went out on time, not after the window was built.
+    assert (first.lateness_s or 0.0) < (before[-1] - before[0]) / 4
+
+
+def test_the_prompt_window_holds_a_budget_of_tokens() -> None:
+    """Short prompts: a window of PROMPTS_AHEAD (a 40-s run at 43 req/s is built whole
+    before it starts); long ones fewer, so its text stays within the token budget; never
+    fewer than PROMPTS_AHEAD_MIN."""
+
+    def window(prompt: int, most: int = PROMPTS_AHEAD) -> int:
+        return prompt_window(FixedProfile(prompt_tokens=prompt, output_tokens=8), 0, most)
+
+    assert window(256) == PROMPTS_AHEAD >= 43 * 40
+    assert window(2_000) == PROMPT_TOKENS_AHEAD // 2_000 < PROMPTS_AHEAD
+    assert window(100_000) == PROMPTS_AHEAD_MIN
+    assert window(256, most=100) == 100
+    mix = parse_profile("code-review")
+    drawn = mix.shapes(PROMPTS_AHEAD_MIN, 3)
+    mean = sum(d.prompt_tokens for d in drawn) / len(drawn)
+    assert prompt_window(mix, 3, 10**6) == int(PROMPT_TOKENS_AHEAD / mean)
 
 
 def _quick(kind: str) -> dict[str, Any]:

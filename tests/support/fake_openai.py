@@ -84,6 +84,7 @@ class FakeOpenAI:
     queued: bool = False  # queue_over_tokens: one request waits for KV space now
     sent: list[tuple[float, int]] = field(default_factory=list)  # (time, prompt tokens)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    tokenized: list[float] = field(default_factory=list)  # monotonic times of /tokenize calls
     # Open connections and answers still streaming, so a shutdown leaves nothing behind.
     connections: set[_Connection] = field(default_factory=set)
     streams: set[asyncio.Task[None]] = field(default_factory=set)
@@ -122,6 +123,7 @@ class FakeOpenAI:
             return 404, b'{"detail":"Not Found"}', None
         req = json.loads(body or b"{}")
         if path == "/tokenize" and cfg.tokenize_endpoint:
+            self.tokenized.append(time.monotonic())
             if "messages" in req:
                 ids = list(range(chat_tokens(req["messages"])))
             else:
