@@ -110,22 +110,29 @@ class PromptBuilder:
         self, shapes: Iterator[RequestShape], window: int, refill: int = REFILL
     ) -> AsyncIterator[RequestSpec]:
         """Prompts for `shapes` without end: the first `window` built before this returns
-        (before the run's clock starts), the rest `refill` at a time as they are used, so
-        memory follows the window, not the run. Building counts each prompt with the
+        (before the run's clock starts), then `refill` more each time that many were used,
+        so memory follows the window, not the run. Building counts each prompt with the
         target's tokenizer: a window built once the run began was load on the target beside
         the run's own (on the CPU engine a run past the knee that built 768 prompts in its
         first seconds finished 20-30 % fewer answers in its first 5 s and sent up to 1.2 s
         late); a few dozen at a time keeps the counting as even as the sends."""
-        ready: asyncio.Queue[RequestSpec] = asyncio.Queue(maxsize=max(window, refill))
+        window = max(1, window)
+        ready: asyncio.Queue[RequestSpec] = asyncio.Queue(maxsize=window)
         for spec in await self.build(list(itertools.islice(shapes, window))):
             ready.put_nowait(spec)
-        return self._refilled(ready, shapes, refill)
+        return self._refilled(ready, shapes, max(1, min(refill, window // 2)))
 
     async def _refilled(
         self, ready: asyncio.Queue[RequestSpec], shapes: Iterator[RequestShape], refill: int
     ) -> AsyncIterator[RequestSpec]:
+        low = ready.maxsize - refill  # (build again once the window is down to this)
+        room = asyncio.Event()
+
         async def produce() -> None:
             while not self.cancelled():
+                while ready.qsize() > low:
+                    room.clear()
+                    await room.wait()
                 for spec in await self.build(list(itertools.islice(shapes, refill))):
                     await ready.put(spec)
 
@@ -135,6 +142,8 @@ class PromptBuilder:
                 getter = asyncio.ensure_future(ready.get())
                 await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
+                    if ready.qsize() <= low:
+                        room.set()
                     yield getter.result()
                     continue
                 getter.cancel()
