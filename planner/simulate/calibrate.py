@@ -275,10 +275,11 @@ class Calibration(BaseModel):
     quiet_rows: list[list[float]] = Field(default_factory=list)
     quiet_s: list[float] = Field(default_factory=list)
     step_kinds: int = 0
-    # The engine time each intake (a step's arrivals) takes from the steps
+    # The engine time each request arriving while a batch runs takes from the steps
     # (StepCost.arrival_s), measured on an open-loop run past the knee at `saturated_rate`
-    # (`arrival_cost`); 0 and None unmeasured. (Stored before 2026-12-05's evening, it was
-    # read per request: about a tenth lower; a new calibration measures it again.)
+    # (`arrival_cost`); 0 and None unmeasured. (Stored from 2026-12-05's evening to
+    # 12-06's, it was read per intake, the requests arriving in one step: read per request
+    # it is about a tenth high; a new calibration measures it again.)
     arrival_s: float = Field(0.0, ge=0)
     saturated_rate: float | None = None
     # A request's TPOT where the queue stood, over the simulated one, its mean 1 (the same
@@ -366,8 +367,8 @@ class Calibration(BaseModel):
             )
         if self.saturated_rate is not None:
             tuned += (
-                f"; each intake of requests takes {self.arrival_s * 1000:.2f} ms of the "
-                f"engine's steps "
+                f"; each request arriving while a batch runs takes "
+                f"{self.arrival_s * 1000:.2f} ms of the engine's steps "
                 f"(an open-loop run past the knee at {self.saturated_rate:g} req/s)"
             )
             if self.load_seq_s:
@@ -799,14 +800,13 @@ def queued_spread(
 def arrival_cost(
     requests: Sequence[SimRequest], measured: Sequence[tuple[float, float]], max_num_seqs: int
 ) -> tuple[float | None, str]:
-    """The engine time each intake takes (`StepCost.arrival_s`), from an open-loop run past
+    """The engine time each arrival takes (`StepCost.arrival_s`), from an open-loop run past
     the knee (its requests as sent and their measured (TTFT, E2E)): the TPOT mean of the
     requests that decoded while requests still arrived against that of those that began
     decoding in the queue's drain after the last send. Both decode in a full batch with a
-    queue behind it, the same steps but for the arrivals: with Poisson arrivals at rate r
-    and steps of s (the arriving mean), a share 1 - exp(-r s) of the steps take requests
-    in, so each intake costs c = (arriving - drain) / (1 - exp(-r s)). On the CPU engine
-    that was about 2 ms an arrival at 48 and 62 req/s (overload 11). (cost, how it
+    queue behind it, the same steps but for the arrivals: at rate r and steps of s (the
+    arriving mean), r s requests arrive a step, so each costs c = (arriving - drain) / (r
+    s). On the CPU engine that was about 1 ms an arrival at 52-66 req/s. (cost, how it
     was read), or (None, why not) when the run has too few of either (an engine that
     kept up leaves no queue to drain). A drain slower than the arrivals reads 0."""
     sides = _sides(requests, measured, max_num_seqs)
@@ -820,7 +820,7 @@ def arrival_cost(
             + (" (the engine kept up: no queue to drain)" if len(drain) < len(arriving) else "")
         )
     during, after = float(np.mean(arriving)), float(np.mean(drain))
-    cost = max(0.0, during - after) / -math.expm1(-sides.rate * during)
+    cost = max(0.0, during - after) / (sides.rate * during)
     return cost, (
         f"TPOT mean {during * 1000:.2f} ms while {sides.rate:.1f} req/s arrived, "
         f"{after * 1000:.2f} ms in the drain ({len(arriving)} and {len(drain)} requests)"

@@ -93,16 +93,14 @@ class StepCost:
     with `additive` their sum (a calibrated fit: on a CPU, neither hides the other); plus a
     cost per sequence scheduled (sampling, detokenising, streaming its token) and per
     attention pair (a query token against a cached one: a long prefill's quadratic part).
-    `arrival_s`: engine time each intake takes while a batch runs: the requests that
-    arrive during one step are taken in together at its end, and cost `arrival_s` once,
-    however many they are. On a shared host the API server and the client, taking requests
-    in, take CPU from the engine's steps (past the knee the CPU engine's steps ran a sixth
-    slower while requests arrived than in the queue's drain after), and each handles what
-    came together in one turn of its loop, as the engine core reads its input once a step
-    (charged per request instead, bursts of CV 3 read 35-120 % too much TTFT p50). The
-    steps that follow pay it, each at most doubled (the intake shares the engine's CPU, it
-    does not stop the engine). 0 on a roofline; a calibration measures it
-    (`arrival_cost`).
+    `arrival_s`: engine time each request that arrives while a batch runs takes: on a
+    shared host the API server and the client, taking a request in, take CPU from the
+    engine's steps (past the knee the CPU engine's steps ran 2-8 % slower while requests
+    arrived than in the queue's drain after), and a burst's requests each take theirs (the
+    CPU engine's first token of a burst came about 1 ms later for each request that
+    arrived just after it). The steps that follow pay it, each at most doubled (the
+    arrivals share the engine's CPU, they do not stop the engine). 0 on a roofline; a
+    calibration measures it (`arrival_cost`).
     `shape_s`: what a step pays when its token count is one the engine never ran, and
     `replan_s` when it ran it before but not among the `shape_plans` most recent counts.
     vLLM's CPU backend plans each linear layer's oneDNN matmul for one number of rows (the
@@ -594,7 +592,7 @@ class _Engine:
         self.free = config.num_blocks  # held by nothing, cached by nothing
         self.cache = _PrefixCache() if config.prefix_caching else None
         self.now = 0.0
-        self.debt = 0.0  # engine time intakes took not yet paid by steps (StepCost.arrival_s)
+        self.debt = 0.0  # engine time arrivals took not yet paid by steps (StepCost.arrival_s)
         self.decoding = False  # every running request decoding, its last token at `now`
         # A request just joined an empty queue: the next step most likely admits it, so no
         # stretch is tried first (one would stop at once; a step is the same either way).
@@ -655,8 +653,8 @@ class _Engine:
 
     def take_arrivals(self) -> Iterator[RequestResult]:
         config = self.config
-        # One intake a step, however many it takes in (an idle engine's steps lose nothing).
-        intake = self.cost.arrival_s if self.running.n else 0.0
+        # Each arrival while a batch runs (an idle engine's steps lose nothing).
+        per_arrival = self.cost.arrival_s if self.running.n else 0.0
         while (r := self.pending) is not None and r.arrival_s <= self.now:
             if self.released and self.released[0][2] is r:
                 heapq.heappop(self.released)  # a held turn, its session's previous one over
@@ -673,8 +671,7 @@ class _Engine:
                         continue
                     self.sessions[r.session] = deque()
             self.pending = self.earliest()
-            self.debt += intake
-            intake = 0.0
+            self.debt += per_arrival
             if r.prompt_tokens < 1 or r.output_tokens < 1:
                 raise InvalidInput("a request needs at least one prompt and one output token")
             if r.prompt_tokens + r.output_tokens > config.max_model_len:

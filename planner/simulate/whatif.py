@@ -389,10 +389,9 @@ def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
 
 def capacity_rps(scenario: Scenario) -> float:
     """Requests per second the engine completes when all of the scenario's requests come at
-    once (every slot full, the queue never empty), its steps also paying the intakes'
-    engine time (`StepCost.arrival_s`: at that rate one request arrives for each answered,
-    Poisson, so a share 1 - exp(-answers a step) of the steps take one in): the rate the
-    utilisation is measured against."""
+    once (every slot full, the queue never empty), its steps also paying the arrivals'
+    engine time (`StepCost.arrival_s`: at that rate one request arrives for each
+    answered): the rate the utilisation is measured against."""
     burst = (
         replace(r, arrival_s=0.0)
         for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
@@ -404,8 +403,7 @@ def capacity_rps(scenario: Scenario) -> float:
             end, done = max(end, r.e2e_s), done + 1
     if not done:
         raise InvalidInput("every request is longer than max_model_len: nothing to simulate")
-    intakes = -stats.steps * math.expm1(-done / stats.steps)
-    return done / (end + intakes * scenario.cost.arrival_s)
+    return done / (end + done * scenario.cost.arrival_s)
 
 
 def predict(

@@ -2,7 +2,7 @@
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then
 lone prompts of many lengths in order for what a step takes to plan its matmuls for a token
 count never run and for one evicted (`planner.simulate.calibrate.shape_cost`), then a
-short open-loop run past the knee for the engine time each intake of requests takes
+short open-loop run past the knee for the engine time each arriving request takes
 (`planner.simulate.calibrate.arrival_cost`), then an open-loop run at a share of the quiet
 fit's capacity (the tune, with that arrival cost in its replays), made again at half the
 rate while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune
@@ -135,7 +135,7 @@ Replayed = tuple[list[SimRequest], list[tuple[float, float]]]
 def _arrivals_priced(
     store: Engine, run: RunProbe, fitted: Calibration, rate: float, say: Callable[[str], None]
 ) -> tuple[Calibration, Replayed | None]:
-    """`fitted` with the engine time each intake of requests takes, read from an open-loop run at
+    """`fitted` with the engine time each arriving request takes, read from an open-loop run at
     `rate`, past the knee (`arrival_cost`), and that run; as it was, with the reason said
     through `say`, when that run fails or cannot tell (the rest of the calibration goes on
     without it)."""
@@ -150,8 +150,8 @@ def _arrivals_priced(
         say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
             "arrivals without a cost")  # fmt: skip
         return fitted, None
-    say(f"the run past the knee at {rate:g} req/s: {how}; each intake of requests takes "
-        f"{cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
+    say(f"the run past the knee at {rate:g} req/s: {how}; each request arriving while a "
+        f"batch runs takes {cost * 1000:.2f} ms of the engine's steps")  # fmt: skip
     priced = fitted.model_copy(update={"arrival_s": cost, "saturated_rate": rate})
     return priced, (requests, measured)
 

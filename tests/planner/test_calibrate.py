@@ -224,7 +224,7 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
 
 
 @pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
-def test_the_cost_of_an_intake_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
+def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
     """Past the knee the requests that decode while others arrive run slower than those
     of the queue's drain by what the arrivals take: the run says what each step that took
     requests in lost."""

@@ -405,13 +405,12 @@ def test_a_host_speed_scales_each_window_and_stretches_stop_at_its_edges(
 
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["few-seqs"], CONFIGS["preempting"]],
                          ids=["ample", "few-seqs", "preempting"])  # fmt: skip
-def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: EngineConfig) -> None:
-    """`StepCost.arrival_s` lengthens the steps after each step that took requests in while
-    a batch ran, once however many it took, each step at most doubled: an idle engine loses
-    nothing; a lone request with arrivals waiting behind it ends their costs later, one a
-    step for arrivals a step apart, one for five at once, an intake longer than a step
-    spread over the steps; decode stretches end at each arrival, giving what step-by-step
-    runs give, to the bit."""
+def test_each_arrival_takes_its_engine_time_from_the_steps_after_it(config: EngineConfig) -> None:
+    """`StepCost.arrival_s` lengthens the steps after each request that arrived while a
+    batch ran, each step at most doubled: an idle engine loses nothing; a lone request with
+    arrivals behind it ends their costs later, five a step apart or five at once, an
+    arrival's cost longer than a step spread over the steps; decode stretches end at each
+    arrival, giving what step-by-step runs give, to the bit."""
     taxed = replace(COST, arrival_s=0.004)
     lone = [SimRequest(10.0 * i, 300, 40) for i in range(5)]
     assert list(simulate(lone, config, taxed)) == list(simulate(lone, config, COST))
@@ -419,14 +418,14 @@ def test_each_intake_takes_its_engine_time_from_the_steps_after_it(config: Engin
     one_seq = replace(config, max_num_seqs=1)
     step = COST.step_s(1, 500)
     assert 0.004 < step < 0.03
-    heavy = replace(taxed, arrival_s=0.03)  # (an intake longer than a step)
-    for gap, cost, intakes in ((0.03, taxed, 5), (0.0, taxed, 1), (0.0, heavy, 1)):
+    heavy = replace(taxed, arrival_s=0.03)  # (an arrival's cost longer than a step)
+    for gap, cost, together in ((0.03, taxed, 1), (0.0, taxed, 5), (0.0, heavy, 5)):
         behind = [SimRequest(0.0, 100, 400)] + [SimRequest(0.01 + gap * i, 50, 5) for i in range(5)]
         first = {c: next(iter(simulate(behind, one_seq, c))) for c in (COST, cost)}
         assert first[COST].request is behind[0] and first[cost].request is behind[0]
-        paid = intakes * cost.arrival_s
-        assert first[cost].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + paid)
-        assert first[cost].itl_max_s == pytest.approx(step + min(cost.arrival_s, step), rel=0.01)
+        assert first[cost].e2e_s == pytest.approx((first[COST].e2e_s or 0.0) + 5 * cost.arrival_s)
+        longest = step + min(together * cost.arrival_s, step)
+        assert first[cost].itl_max_s == pytest.approx(longest, rel=0.01)
 
     # Near the knee: full batches, queues, arrivals inside stretches.
     burst = [SimRequest(0.0, 200, 100) for _ in range(8 * config.max_num_seqs)]

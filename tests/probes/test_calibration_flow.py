@@ -206,11 +206,11 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
 
 
 @pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])
-def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
+def test_a_run_past_the_knee_prices_each_arrival_and_the_full_batch(
     store: Engine, arrival_s: float, seq_extra: float
 ) -> None:
     """The first open-loop run is past the knee, with prompts of its own; the engine time
-    each intake of requests takes is read from it and the tune replays with it, so that the tune
+    each arriving request takes is read from it and the tune replays with it, so that the tune
     still finds the engine's own steps; its drain gives a full batch's cost a sequence
     (more under load than quiet), and predictions past the knee serve what the engine
     serves."""
@@ -227,7 +227,10 @@ def test_a_run_past_the_knee_prices_each_intake_and_the_full_batch(
     assert cal.arrival_s == pytest.approx(arrival_s, abs=0.0005)
     assert cal.load_seq_s == pytest.approx(seq_extra, abs=5e-5)
     assert cal.load_scale == pytest.approx(1.0, abs=0.05)
-    assert f"each intake of requests takes {cal.arrival_s * 1000:.2f} ms" in cal.describe()
+    assert (
+        f"each request arriving while a batch runs takes {cal.arrival_s * 1000:.2f} ms"
+        in cal.describe()
+    )
     # The run past the knee's TPOTs as the calibrated replay has them (this engine's steps
     # are the simulator's): a spread about 1, its mean 1.
     assert len(cal.queued_tpot) >= 30 and np.mean(cal.queued_tpot) == pytest.approx(1, abs=0.01)
@@ -263,7 +266,7 @@ def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
         " req/s failed: the engine at http://127.0.0.1:9 stopped answering; the calibration "
         "leaves arrivals without a cost"
     )
-    assert "arrival takes" not in cal.describe()
+    assert "arriving while a batch runs" not in cal.describe()
 
 
 def test_a_retune_of_a_changed_engine_is_refused_naming_what_changed(store: Engine) -> None:

@@ -1,0 +1,122 @@
+"""A burst's arrivals: what the requests arriving just after one cost its first token, on
+the CPU engine against the calibrated simulator.
+
+One calibration as `kvscope simulate calibrate` makes it, then the fidelity benchmark's
+bursty workload (256/64 tokens, gamma arrivals of CV 3 at half the calibrated capacity,
+40 s) with several seeds, and one run below the knee as a control. Each run is replayed
+through the simulator on its own requests (without the host's noise), and two tables are
+printed:
+
+- the requests that met no queue in the replay (under 6 ms), by how many others arrived
+  within 20 ms after them: their measured and simulated TTFT medians. A burst's first
+  request waits for what its followers take from the host, which the simulator charges
+  to the steps after them (`StepCost.arrival_s`, one per request arriving while a batch
+  runs);
+- the TTFT quantiles p10-p90 of each run, simulated against measured: a burst's TTFT p50
+  lies between the quick first requests and those that queue, where a few per cent of
+  rank move it by a third, so the whole distribution says more than that one figure.
+
+    .venv/bin/python -m benchmarks.burst_arrivals            # ~8 min
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import select
+
+from benchmarks.simulator import ENGINE, FIXED, calibrate, started_config
+from planner.simulate import simulate
+from planner.simulate.setup import measured_by
+from planner.simulate.whatif import Scenario, capacity_rps, replay
+from planner.workload import parse_profile
+from probes.worker import Worker
+from storage.tables import RequestRecord
+from tests.support import injection
+
+QUANTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+FOLLOW_S = 0.020  # arrivals this soon after a request are its followers
+QUIET_S = 0.006  # a replayed queue under this is none
+# Followers: the rows' lower bounds (each row up to the next).
+FOLLOWERS = (0, 1, 2, 3, 4, 6, 9)
+
+
+def _run(worker: Worker, request: injection.Request, rate: float, arrival: str,
+         cv: float, seed: int) -> np.ndarray:  # fmt: skip
+    """One latency run; its answered requests as rows (scheduled, first token, prompt
+    tokens, output tokens), by scheduled time."""
+    run = request(
+        "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=40.0,
+        arrival=arrival, cv=cv, profile=FIXED, request_timeout_s=300, seed=seed,
+    )  # fmt: skip
+    if run.status != "done":
+        raise SystemExit(f"the run at {rate:g} req/s ended {run.status}: {run.error}")
+    with worker.store.connect() as conn:
+        rows = conn.execute(
+            select(
+                RequestRecord.scheduled_ts, RequestRecord.first_token_ts,
+                RequestRecord.prompt_tokens, RequestRecord.output_tokens,
+            ).where(RequestRecord.run_id == run.id, RequestRecord.status == "ok")
+            .order_by(RequestRecord.scheduled_ts)
+        ).all()  # fmt: skip
+    return np.array(rows, dtype=float)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 13])
+    args = ap.parse_args()
+    venv = Path(__file__).resolve().parents[1] / ".engine-venv"
+    with injection.diag_worker(venv, ENGINE) as (worker, request):
+        cal = calibrate(worker, request)
+        print(cal.describe(), flush=True)
+        config = started_config(worker)
+        base = Scenario(config=config, cost=cal.cost(), profile=parse_profile(FIXED),
+                        requests=400, source="calibrated")  # fmt: skip
+        capacity = capacity_rps(measured_by(base, cal))
+        runs = [(f"bursty, seed {s}", 0.5, "gamma", 3.0, s) for s in args.seeds]
+        runs.append(("below the knee, seed 7", 0.25, "poisson", 1.0, 7))
+        measured = {
+            name: (round(share * capacity, 2), _run(worker, request, round(share * capacity, 2),
+                                                    arrival, cv, seed))
+            for name, share, arrival, cv, seed in runs
+        }  # fmt: skip
+    print()
+    print("| run | rate/s | followers within 20 ms | requests | TTFT median: measured | "
+          "simulated | difference (ms) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    spreads = []
+    for name, (rate, rows) in measured.items():
+        sent, first = rows[:, 0], rows[:, 1]
+        traffic = replay([(t, int(p), int(o), None) for t, _, p, o in rows])
+        results = {id(r.request): r for r in simulate(traffic, config, cal.cost())}
+        sim = [results[id(t)] for t in traffic]
+        ttft = first - sent
+        simulated = np.array([r.ttft_s or 0.0 for r in sim]) + cal.request_s
+        queued = np.array([r.queue_s or 0.0 for r in sim])
+        followers = np.searchsorted(sent, sent + FOLLOW_S) - np.arange(len(sent)) - 1
+        for lo, hi in zip(FOLLOWERS, (*FOLLOWERS[1:], 10**9), strict=True):
+            picked = (queued < QUIET_S) & (followers >= lo) & (followers < hi)
+            if picked.sum() < 5:
+                continue
+            m, s = np.median(ttft[picked]) * 1000, np.median(simulated[picked]) * 1000
+            span = f"{lo}" if hi == lo + 1 else (f"{lo}+" if hi > 99 else f"{lo}-{hi - 1}")
+            print(f"| {name} | {rate:g} | {span} | {picked.sum()} | {m:.1f} | {s:.1f} | "
+                  f"{m - s:+.1f} |")  # fmt: skip
+        spreads.append(
+            (name, [np.percentile(simulated, q) / np.percentile(ttft, q) - 1 for q in QUANTILES])
+        )
+    print()
+    print("| run | " + " | ".join(f"TTFT p{q}" for q in QUANTILES) + " |")
+    print("|---|" + "---|" * len(QUANTILES))
+    for name, errors in spreads:
+        print(f"| {name} | " + " | ".join(f"{e:+.0%}" for e in errors) + " |")
+    bursty = [e for name, e in spreads if name.startswith("bursty")]
+    mean = np.mean(np.abs(bursty), axis=0)
+    print("| bursty, mean of the errors' size | " + " | ".join(f"{e:.0%}" for e in mean) + " |")
+
+
+if __name__ == "__main__":
+    main()
