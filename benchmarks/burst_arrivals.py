@@ -25,15 +25,14 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import select
 
 from benchmarks.simulator import ENGINE, FIXED, calibrate, started_config
-from planner.simulate import simulate
+from planner.simulate import SimRequest, simulate
 from planner.simulate.setup import measured_by
 from planner.simulate.whatif import Scenario, capacity_rps, replay
 from planner.workload import parse_profile
 from probes.worker import Worker
-from storage.tables import RequestRecord
+from storage import queries as q
 from tests.support import injection
 
 QUANTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
@@ -44,24 +43,18 @@ FOLLOWERS = (0, 1, 2, 3, 4, 6, 9)
 
 
 def _run(worker: Worker, request: injection.Request, rate: float, arrival: str,
-         cv: float, seed: int) -> np.ndarray:  # fmt: skip
-    """One latency run; its answered requests as rows (scheduled, first token, prompt
-    tokens, output tokens), by scheduled time."""
+         cv: float, seed: int) -> tuple[list[SimRequest], np.ndarray]:  # fmt: skip
+    """One latency run: its answered requests as traffic to replay, by send time, and
+    their measured TTFTs in the same order."""
     run = request(
         "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=40.0,
         arrival=arrival, cv=cv, profile=FIXED, request_timeout_s=300, seed=seed,
     )  # fmt: skip
     if run.status != "done":
         raise SystemExit(f"the run at {rate:g} req/s ended {run.status}: {run.error}")
-    with worker.store.connect() as conn:
-        rows = conn.execute(
-            select(
-                RequestRecord.scheduled_ts, RequestRecord.first_token_ts,
-                RequestRecord.prompt_tokens, RequestRecord.output_tokens,
-            ).where(RequestRecord.run_id == run.id, RequestRecord.status == "ok")
-            .order_by(RequestRecord.scheduled_ts)
-        ).all()  # fmt: skip
-    return np.array(rows, dtype=float)
+    traffic = replay(q.replayable(worker.store, run.id))
+    ttft = np.array([t for t, _ in q.replayed_latencies(worker.store, run.id)])
+    return traffic, ttft
 
 
 def main() -> None:
@@ -78,22 +71,19 @@ def main() -> None:
         capacity = capacity_rps(measured_by(base, cal))
         runs = [(f"bursty, seed {s}", 0.5, "gamma", 3.0, s) for s in args.seeds]
         runs.append(("below the knee, seed 7", 0.25, "poisson", 1.0, 7))
-        measured = {
-            name: (round(share * capacity, 2), _run(worker, request, round(share * capacity, 2),
-                                                    arrival, cv, seed))
-            for name, share, arrival, cv, seed in runs
-        }  # fmt: skip
+        measured = {}
+        for name, share, arrival, cv, seed in runs:
+            rate = round(share * capacity, 2)
+            measured[name] = (rate, *_run(worker, request, rate, arrival, cv, seed))
     print()
     print("| run | rate/s | followers within 20 ms | requests | TTFT median: measured | "
           "simulated | difference (ms) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     spreads = []
-    for name, (rate, rows) in measured.items():
-        sent, first = rows[:, 0], rows[:, 1]
-        traffic = replay([(t, int(p), int(o), None) for t, _, p, o in rows])
+    for name, (rate, traffic, ttft) in measured.items():
+        sent = np.array([t.arrival_s for t in traffic])
         results = {id(r.request): r for r in simulate(traffic, config, cal.cost())}
         sim = [results[id(t)] for t in traffic]
-        ttft = first - sent
         simulated = np.array([r.ttft_s or 0.0 for r in sim]) + cal.request_s
         queued = np.array([r.queue_s or 0.0 for r in sim])
         followers = np.searchsorted(sent, sent + FOLLOW_S) - np.arange(len(sent)) - 1

@@ -396,8 +396,8 @@ def capacity_rps(scenario: Scenario) -> float:
         replace(r, arrival_s=0.0)
         for r in traffic(scenario.profile, Arrival(rate=1.0), scenario.requests)
     )
-    end, done, stats = 0.0, 0, EngineStats()
-    for r in simulate(burst, scenario.config, scenario.cost, stats):
+    end, done = 0.0, 0
+    for r in simulate(burst, scenario.config, scenario.cost):
         if not r.refused:
             assert r.e2e_s is not None
             end, done = max(end, r.e2e_s), done + 1

@@ -226,8 +226,7 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
 @pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
 def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
     """Past the knee the requests that decode while others arrive run slower than those
-    of the queue's drain by what the arrivals take: the run says what each step that took
-    requests in lost."""
+    of the queue's drain by what the arrivals take: the run says what each arrival cost."""
     truth = replace(TRUE, arrival_s=arrival_s)
     rate = 2 * capacity_rps(
         Scenario(CONFIG, truth, FixedProfile(prompt_tokens=256, output_tokens=64), 300)
