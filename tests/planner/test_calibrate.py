@@ -23,6 +23,7 @@ from planner.simulate.calibrate import (
     arrival_cost,
     bursts,
     decode_samples,
+    drained_arrival_cost,
     fit,
     full_batch,
     load_rate,
@@ -223,8 +224,63 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
         tune(quiet, [SimRequest(0.0, 100, 1)], rate, tpot, ttft)
 
 
+def busy_steps(
+    sends: list[float], arrival_s: float, seed: int = 0, drift: float = 0.08
+) -> list[ObservedStep]:
+    """A full batch's steps back to back from the first send until 10 s after the last, as
+    the client would see them: 3 ms each on a host whose speed wanders by `drift` over
+    seconds (and runs `drift` faster in the drain), 5 % jitter, every tenth step admitting
+    a prompt; each send lengthens the step it falls in by `arrival_s`."""
+    rng = np.random.default_rng(seed)
+    at, i = sends[0], 0
+    steps: list[ObservedStep] = []
+    while at < sends[-1] + 10:
+        host = 1 + drift * np.sin(at / 3) if at <= sends[-1] else 1 - drift
+        end = at + 0.003 * host * (1 + 0.05 * rng.standard_normal())
+        while i < len(sends) and sends[i] < end:  # (one arriving mid-step lengthens it)
+            end += arrival_s if sends[i] >= at else 0.0
+            i += 1
+        admits = len(steps) % 10 == 9
+        steps.append(
+            ObservedStep(end, end - at, 7 if admits else 8, 8 * 300, (256,) if admits else ())
+        )
+        at = end
+    return steps
+
+
+@pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.0025])
+def test_the_cost_of_an_arrival_is_read_from_the_steps_that_began_near_a_send(
+    arrival_s: float,
+) -> None:
+    """Steps with nothing sent around their start against all of the full batch's, both
+    while requests arrive: what each arrival costs, however the host drifts (the drain
+    reads it wrong on the same steps)."""
+    sends = [100.0 + t for t in Arrival(rate=50.0).within(20.0, seed=5)]
+    steps = busy_steps(sends, arrival_s)
+    cost, how = arrival_cost(sends, steps, CONFIG.max_num_seqs)
+    assert cost == pytest.approx(arrival_s, abs=0.00015, rel=0.1)
+    assert how.startswith("steps of a full batch took ") and "req/s arrived" in how
+    assert "with nothing sent from 10 ms before" in how
+    # The same sends on another clock than the steps' say nothing of them.
+    assert arrival_cost([t - 100 for t in sends], steps, CONFIG.max_num_seqs)[0] is None
+
+
+def test_steps_that_cannot_tell_the_cost_of_an_arrival_say_why() -> None:
+    sends = [100.0 + t for t in Arrival(rate=50.0).within(20.0, seed=5)]
+    cost, why = arrival_cost(sends, busy_steps(sends, 0.001), 9)  # (never a full batch of 9)
+    assert cost is None and why == "its answers show no step of a full batch while requests arrived"
+    crowded = [100.0 + t for t in Arrival(rate=2000.0).within(20.0, seed=5)]
+    cost, why = arrival_cost(crowded, busy_steps(crowded, 0.0), CONFIG.max_num_seqs)
+    assert cost is None
+    assert " steps of a full batch began while requests arrived, " in why
+    assert why.endswith("each needs 100")
+    assert arrival_cost(sends[:1], busy_steps(sends, 0.0), CONFIG.max_num_seqs)[0] is None
+
+
 @pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
-def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(arrival_s: float) -> None:
+def test_where_steps_cannot_tell_the_cost_of_an_arrival_is_read_from_the_drain(
+    arrival_s: float,
+) -> None:
     """Past the knee the requests that decode while others arrive run slower than those
     of the queue's drain by what the arrivals take: the run says what each arrival cost."""
     truth = replace(TRUE, arrival_s=arrival_s)
@@ -241,7 +297,7 @@ def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(arrival_s: 
     )
     results = {id(r.request): r for r in simulate(stream, CONFIG, truth)}
     measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
-    cost, how = arrival_cost(stream, measured, CONFIG.max_num_seqs)
+    cost, how = drained_arrival_cost(stream, measured, CONFIG.max_num_seqs)
     assert cost == pytest.approx(arrival_s, abs=0.0002)
     assert " req/s arrived" in how and "in the drain" in how
 
@@ -250,16 +306,16 @@ def test_a_run_past_the_knee_without_a_drain_prices_nothing_and_says_why() -> No
     light = [SimRequest(1.0 * i, 256, 64) for i in range(60)]
     results = list(simulate(light, CONFIG, TRUE))
     measured = [(r.ttft_s or 0.0, r.e2e_s or 0.0) for r in results]
-    cost, why = arrival_cost(light, measured, CONFIG.max_num_seqs)
+    cost, why = drained_arrival_cost(light, measured, CONFIG.max_num_seqs)
     assert cost is None and "the engine kept up: no queue to drain" in why
     with pytest.raises(InvalidInput, match="2 measured latencies for 60 requests"):
-        arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
+        drained_arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
     # A drain slower than the arrivals (a host that slowed down): nothing to charge.
     burst = [SimRequest(0.02 * i, 256, 64) for i in range(400)]  # (8 s at 50 req/s)
     slowing = HostSpeed(8.0, (1.0, 1.5, 1.5, 1.5))
     slowed = {id(r.request): r for r in simulate(burst, CONFIG, TRUE, speed=slowing)}
     measured = [(slowed[id(r)].ttft_s or 0.0, slowed[id(r)].e2e_s or 0.0) for r in burst]
-    assert arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
+    assert drained_arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
 
 
 def test_a_run_without_a_drain_leaves_the_full_batch_as_tuned() -> None:

@@ -24,13 +24,21 @@ from planner.simulate.calibrate import (
     load_rate,
     saturated_rate,
 )
+from planner.simulate.steps import Steps
 from planner.simulate.whatif import Scenario, capacity_rps, traffic
 from planner.workload import Arrival, FixedProfile, parse_profile
 from probes.kinds import calibration
 from storage import queries as q
 from storage.db import transaction
 from storage.tables import RequestRecord
-from tests.planner.test_calibrate import API_S, CONFIG, TRUE, closed_loop_tpot, lone_ttft
+from tests.planner.test_calibrate import (
+    API_S,
+    CONFIG,
+    TRUE,
+    busy_steps,
+    closed_loop_tpot,
+    lone_ttft,
+)
 
 PROFILE = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
 
@@ -244,6 +252,30 @@ def test_a_run_past_the_knee_prices_each_arrival_and_the_full_batch(
     stream = list(traffic(PROFILE, Arrival(rate=rate), 400, seed=9))
     ends = [max(r.e2e_s or 0.0 for r in simulate(stream, CONFIG, c)) for c in (truth, cal.cost())]
     assert ends[1] == pytest.approx(ends[0], rel=0.05)
+
+
+def test_the_steps_of_the_run_past_the_knee_price_an_arrival_before_its_drain(
+    store: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the run past the knee's answers show its steps, they price an arrival (on the
+    clock its requests were sent by), not its drain: the fake engine's answers carry no
+    token times, so its steps are made here, each send 2 ms of the step it falls in, where
+    its drain says 0."""
+    engine = FakeEngine(store)
+    read = calibration.steps_of
+
+    def steps_of(store: Engine, run_id: int) -> Steps:
+        if q.get_run(store, run_id).params.get("seed") != SATURATED_PARAMS["seed"]:
+            return read(store, run_id)
+        sends = [row[0] for row in q.replayable(store, run_id)]
+        return Steps(busy_steps(sends, 0.002), 0, 0.003)
+
+    monkeypatch.setattr(calibration, "steps_of", steps_of)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert cal.arrival_s == pytest.approx(0.002, rel=0.1)
+    said = engine.said[1]
+    assert said.startswith("the run past the knee at ") and ": steps of a full batch took " in said
+    assert f"takes {cal.arrival_s * 1000:.2f} ms of the engine's steps" in said
 
 
 def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
