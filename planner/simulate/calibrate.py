@@ -279,8 +279,8 @@ class Calibration(BaseModel):
     # (StepCost.arrival_s), measured on an open-loop run past the knee at `saturated_rate`
     # (`arrival_cost`); 0 and None unmeasured. (Stored from 2026-12-05's evening to
     # 12-06's, it was read per intake, the requests arriving in one step: read per request
-    # it is about a tenth high. Until 12-06's night it was read from the run's drain, which
-    # drifted with the host; a new calibration reads it from the run's steps.)
+    # it is about a tenth high. Until 12-06's night the drain was taken as it ran, whatever
+    # the host's speed; a new calibration takes it at the arrivals' (`host_drift`).)
     arrival_s: float = Field(0.0, ge=0)
     saturated_rate: float | None = None
     # A request's TPOT where the queue stood, over the simulated one, its mean 1 (the same
@@ -798,19 +798,92 @@ def queued_spread(
     return [r / mean for r in ratios[::step]]
 
 
-def drained_arrival_cost(
-    requests: Sequence[SimRequest], measured: Sequence[tuple[float, float]], max_num_seqs: int
+# The host's speed while requests arrived, against the drain's (`host_drift`): from a full
+# batch's decode-only steps that began with no request sent from QUIET_BEFORE_S before to
+# QUIET_AFTER_STEPS typical steps after (on the CPU engine an arrival lengthened, as the
+# client saw it, the step it fell in by 0.7-2.2 ms and the step after by 0.1-0.4 ms), each
+# side at least ARRIVAL_MIN_STEPS.
+QUIET_BEFORE_S = 0.010
+QUIET_AFTER_STEPS = 1.5
+ARRIVAL_MIN_STEPS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class QuietSteps:
+    """A run past the knee's full-batch decode-only steps, their lengths in seconds: those
+    that began from ARRIVAL_SETTLE_S in to the last send, the quiet ones among them (nothing
+    sent from QUIET_BEFORE_S before their start to `after_s` after), and those that began
+    after the last send (the drain)."""
+
+    arriving: np.ndarray
+    quiet: np.ndarray
+    drain: np.ndarray
+    after_s: float
+
+
+def quiet_steps(
+    steps: Sequence[ObservedStep], sends: Sequence[float], max_num_seqs: int
+) -> QuietSteps | None:
+    """The run's steps (as the client saw them, `observed_steps`) by when they began against
+    its send times (on the same clock); None with no send or no step of a full batch."""
+    sent = np.sort(np.asarray(sends, dtype=float))
+    full = np.array(
+        [(s.at_s - s.seconds, s.seconds) for s in steps
+         if s.seconds and not s.prefills and s.decodes >= max_num_seqs],
+        dtype=float,
+    ).reshape(-1, 2)  # fmt: skip
+    if len(sent) < 2 or not len(full):
+        return None
+    after = QUIET_AFTER_STEPS * float(np.median(full[:, 1]))
+    began, took = full[:, 0], full[:, 1]
+    near = np.searchsorted(sent, began + after) - np.searchsorted(sent, began - QUIET_BEFORE_S)
+    arriving = (began >= sent[0] + ARRIVAL_SETTLE_S) & (began + after <= sent[-1])
+    return QuietSteps(took[arriving], took[arriving & (near == 0)], took[began > sent[-1]], after)
+
+
+def host_drift(
+    steps: Sequence[ObservedStep], sends: Sequence[float], max_num_seqs: int
+) -> tuple[float | None, str]:
+    """How fast the host ran the steps while requests arrived, against the drain after
+    the last send, from an open-loop run past the knee (`quiet_steps`): the quiet steps'
+    mean over the drain's. Steps are chosen by when they began (a longer step holds more
+    sends), and neither side has arrivals near, so the ratio is the host's. (ratio, how it
+    was read), or (None, why not)."""
+    read = quiet_steps(steps, sends, max_num_seqs)
+    if read is None:
+        return None, "its answers show no step of a full batch"
+    if min(len(read.quiet), len(read.drain)) < ARRIVAL_MIN_STEPS:
+        return None, (
+            f"{len(read.quiet)} steps of a full batch began while requests arrived with "
+            f"nothing sent from {QUIET_BEFORE_S * 1000:.0f} ms before to "
+            f"{read.after_s * 1000:.1f} ms after, {len(read.drain)} in the drain; each needs "
+            f"{ARRIVAL_MIN_STEPS}"
+        )
+    calm, drained = float(np.mean(read.quiet)), float(np.mean(read.drain))
+    return calm / drained, (
+        f"a full batch's steps with nothing sent near them took {calm * 1000:.2f} ms while "
+        f"requests arrived, {drained * 1000:.2f} ms in the drain ({len(read.quiet)} and "
+        f"{len(read.drain)} steps)"
+    )
+
+
+def arrival_cost(
+    requests: Sequence[SimRequest],
+    measured: Sequence[tuple[float, float]],
+    max_num_seqs: int,
+    drift: float | None = None,
 ) -> tuple[float | None, str]:
     """The engine time each arrival takes (`StepCost.arrival_s`), from an open-loop run past
-    the knee (its requests as sent and their measured (TTFT, E2E)), where its steps cannot
-    tell (`arrival_cost`): the TPOT mean of the requests that decoded while requests still
-    arrived against that of those that began decoding in the queue's drain after the last
-    send. Both decode in a full batch with a queue behind it, the same steps but for the
-    arrivals: at rate r and steps of s (the arriving mean), r s requests arrive a step, so
-    each costs c = (arriving - drain) / (r s). The two sides are a minute apart, and a
-    shared host's drift between them is as large as the effect: on the CPU engine it read
-    0.00-2.52 ms where the steps read 1.28-1.65 ms. (cost, how it was read), or (None, why
-    not) when the run has too few of either (an engine that kept up leaves no queue to
+    the knee (its requests as sent and their measured (TTFT, E2E)): the TPOT mean of the
+    requests that decoded while requests still arrived against that of those that began
+    decoding in the queue's drain after the last send. Both decode in a full batch with a
+    queue behind it, the same steps but for the arrivals: at rate r and steps of s (the
+    arriving mean), r s requests arrive a step, so each costs c = (arriving - drain) / (r
+    s). The two sides are a minute apart, and a shared host's drift between them is as
+    large as the effect, so the drain is taken at the arriving side's host speed where
+    `host_drift` read it (`drift`): on the CPU engine five runs of one engine read
+    0.47-1.23 ms so, 0.00-2.52 ms without. (cost, how it was read), or (None, why not)
+    when the run has too few of either side (an engine that kept up leaves no queue to
     drain). A drain slower than the arrivals reads 0."""
     sides = _sides(requests, measured, max_num_seqs)
     arriving, drain = sides.arriving, sides.drain
@@ -823,64 +896,12 @@ def drained_arrival_cost(
             + (" (the engine kept up: no queue to drain)" if len(drain) < len(arriving) else "")
         )
     during, after = float(np.mean(arriving)), float(np.mean(drain))
-    cost = max(0.0, during - after) / (sides.rate * during)
-    return cost, (
+    cost = max(0.0, during - after * (drift or 1.0)) / (sides.rate * during)
+    how = (
         f"TPOT mean {during * 1000:.2f} ms while {sides.rate:.1f} req/s arrived, "
         f"{after * 1000:.2f} ms in the drain ({len(arriving)} and {len(drain)} requests)"
     )
-
-
-# A step of the run past the knee is quiet (`arrival_cost`) when no request was sent from
-# QUIET_BEFORE_S before it began to QUIET_AFTER_STEPS typical steps after: on the CPU engine
-# an arrival lengthened the step it fell in by 1-1.6 ms, the next by 0.1-0.3 ms, the steps
-# 10 ms on by nothing measurable, and the cost read the same (within 0.2 ms) with the
-# window anywhere from 5 to 30 ms before. Each side needs ARRIVAL_MIN_STEPS.
-QUIET_BEFORE_S = 0.010
-QUIET_AFTER_STEPS = 1.5
-ARRIVAL_MIN_STEPS = 100
-
-
-def arrival_cost(
-    sends: Sequence[float], steps: Sequence[ObservedStep], max_num_seqs: int
-) -> tuple[float | None, str]:
-    """The engine time each arrival takes (`StepCost.arrival_s`), from an open-loop run past
-    the knee: its send times and its steps as the client saw them (`observed_steps`, on the
-    same clock). Among the full batch's decode-only steps that began from ARRIVAL_SETTLE_S
-    in to the last send, the quiet ones (nothing sent around their start) against all: at
-    rate r, arrivals take (all - quiet) / all of the engine's time, so each takes c = (all
-    - quiet) / (r all). Steps are chosen by when they began, not by what they held (a
-    longer step holds more sends), and the quiet ones are interleaved with the rest, so a
-    shared host's drift falls on both alike. (cost, how it was read), or (None, why not)
-    with too few steps of either kind. Quiet steps slower than the rest read 0."""
-    sent = np.sort(np.asarray(sends, dtype=float))
-    full = np.array(
-        [(s.at_s - s.seconds, s.seconds) for s in steps
-         if s.seconds and not s.prefills and s.decodes >= max_num_seqs],
-        dtype=float,
-    ).reshape(-1, 2)  # fmt: skip
-    if len(sent) < 2 or not len(full):
-        return None, "its answers show no step of a full batch while requests arrived"
-    after = QUIET_AFTER_STEPS * float(np.median(full[:, 1]))
-    began = full[:, 0]
-    arriving = full[(began >= sent[0] + ARRIVAL_SETTLE_S) & (began + after <= sent[-1])]
-    begun = arriving[:, 0]
-    near = np.searchsorted(sent, begun + after) - np.searchsorted(sent, begun - QUIET_BEFORE_S)
-    quiet = arriving[near == 0, 1]
-    if min(len(arriving), len(quiet)) < ARRIVAL_MIN_STEPS:
-        return None, (
-            f"{len(arriving)} steps of a full batch began while requests arrived, {len(quiet)} "
-            f"of them with nothing sent from {QUIET_BEFORE_S * 1000:.0f} ms before to "
-            f"{after * 1000:.1f} ms after; each needs {ARRIVAL_MIN_STEPS}"
-        )
-    span = begun[-1] - begun[0]
-    rate = float(np.searchsorted(sent, begun[-1]) - np.searchsorted(sent, begun[0])) / span
-    every, calm = float(np.mean(arriving[:, 1])), float(np.mean(quiet))
-    cost = max(0.0, every - calm) / (rate * every)
-    return cost, (
-        f"steps of a full batch took {every * 1000:.2f} ms while {rate:.1f} req/s arrived, "
-        f"{calm * 1000:.2f} ms with nothing sent from {QUIET_BEFORE_S * 1000:.0f} ms before "
-        f"they began to {after * 1000:.1f} ms after ({len(arriving)} and {len(quiet)} steps)"
-    )
+    return cost, how + (f", the drain's taken x{drift:.3f} for the host" if drift else "")
 
 
 # Lone requests of each kind (a token count never run, one kept, one evicted) that

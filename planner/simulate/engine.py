@@ -95,10 +95,9 @@ class StepCost:
     attention pair (a query token against a cached one: a long prefill's quadratic part).
     `arrival_s`: engine time each request that arrives while a batch runs takes: on a
     shared host the API server and the client, taking a request in, take CPU from the
-    engine's steps (past the knee, the CPU engine's full-batch steps that began with no
-    request sent near them ran 8-10 % faster than the rest while requests arrived at 56-59
-    req/s: 1.3-1.7 ms an arrival, most of it in the step it arrived in), and a burst's
-    requests each take theirs (the
+    engine's steps (past the knee the CPU engine's requests decoded 2-8 % slower while
+    requests arrived than in the queue's drain after, the host's drift taken out: 0.5-1.2
+    ms an arrival at 56-59 req/s), and a burst's requests each take theirs (the
     CPU engine's first token of a burst came about 1 ms later for each request that
     arrived just after it). The steps that follow pay it, each at most doubled (the
     arrivals share the engine's CPU, they do not stop the engine). 0 on a roofline; a

@@ -2,13 +2,14 @@
 benchmarks: a batch sweep and lone requests of three prompt lengths (the quiet fit), then
 lone prompts of many lengths in order for what a step takes to plan its matmuls for a token
 count never run and for one evicted (`planner.simulate.calibrate.shape_cost`), then a
-short open-loop run past the knee for the engine time each arriving request takes (its
-steps read back from its token times, `planner.simulate.calibrate.arrival_cost`, or where
-they cannot tell its drain, `drained_arrival_cost`), then an open-loop run at a share of the quiet
-fit's capacity (the tune, with that arrival cost in its replays), made again at half the
-rate while it queued (`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune
-alone again and keeps the arrival cost. The tune also reads the engine's steps back
-from the open-loop run's token times and fits on them beside the quiet measurements
+short open-loop run past the knee for the engine time each arriving request takes
+(`planner.simulate.calibrate.arrival_cost`, its drain taken at the host's speed while
+requests arrived, `host_drift`, from its steps read back from its token times), then an
+open-loop run at a share of the quiet fit's capacity (the tune, with that arrival cost in
+its replays), made again at half the rate while it queued
+(`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune alone again and
+keeps the arrival cost. The tune also reads the engine's steps back from the open-loop
+run's token times and fits on them beside the quiet measurements
 (`planner.simulate.calibrate.on_steps`). The run past the knee gives, last, a full batch's
 cost a sequence from its drain (`full_batch`) and how a TPOT strays where the queue stands
 from its arriving side (`queued_spread`). A sweep whose answers reached the client in
@@ -39,8 +40,8 @@ from planner.simulate.calibrate import (
     Sweep,
     arrival_cost,
     bursts,
-    drained_arrival_cost,
     full_batch,
+    host_drift,
     load_rate,
     queued_spread,
     quiet_fit,
@@ -138,8 +139,8 @@ def _arrivals_priced(
     store: Engine, run: RunProbe, fitted: Calibration, rate: float, say: Callable[[str], None]
 ) -> tuple[Calibration, Replayed | None]:
     """`fitted` with the engine time each arriving request takes, read from an open-loop run at
-    `rate`, past the knee (`arrival_cost` on its steps, else `drained_arrival_cost`), and
-    that run; as it was, with the reason said through `say`, when that run fails or cannot
+    `rate`, past the knee (`arrival_cost`, with `host_drift` from its steps), and that run;
+    as it was, with the reason said through `say`, when that run fails or cannot
     tell (the rest of the calibration goes on without it)."""
     try:
         run_id, _ = run("latency", dict(SATURATED_PARAMS, rate=rate))
@@ -149,10 +150,10 @@ def _arrivals_priced(
         rows = q.replayable(store, run_id)
         requests, measured = replay(rows), q.replayed_latencies(store, run_id)
         seqs = fitted.config().max_num_seqs
-        cost, how = arrival_cost([row[0] for row in rows], steps_of(store, run_id).steps, seqs)
-        if cost is None:  # (its steps cannot tell: the drain against the arrivals instead)
-            cost, drained = drained_arrival_cost(requests, measured, seqs)
-            how = f"{how}; by its drain, {drained}"
+        sends = [row[0] for row in rows]
+        drift, host = host_drift(steps_of(store, run_id).steps, sends, seqs)
+        cost, how = arrival_cost(requests, measured, seqs, drift)
+        how += f"; {host}" + ("" if drift else " (the drain taken as it ran)")
     if cost is None:
         say(f"the run past the knee at {rate:g} req/s {how}; the calibration leaves "
             "arrivals without a cost")  # fmt: skip

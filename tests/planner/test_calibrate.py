@@ -23,9 +23,9 @@ from planner.simulate.calibrate import (
     arrival_cost,
     bursts,
     decode_samples,
-    drained_arrival_cost,
     fit,
     full_batch,
+    host_drift,
     load_rate,
     lone_decodes,
     on_steps,
@@ -225,17 +225,17 @@ def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
 
 
 def busy_steps(
-    sends: list[float], arrival_s: float, seed: int = 0, drift: float = 0.08
+    sends: list[float], arrival_s: float, drain: float = 1.0, seed: int = 0
 ) -> list[ObservedStep]:
     """A full batch's steps back to back from the first send until 10 s after the last, as
-    the client would see them: 3 ms each on a host whose speed wanders by `drift` over
-    seconds (and runs `drift` faster in the drain), 5 % jitter, every tenth step admitting
-    a prompt; each send lengthens the step it falls in by `arrival_s`."""
+    the client would see them: 3 ms each with 5 % jitter (`drain` times that after the
+    last send), every tenth step admitting a prompt; each send lengthens the step it falls
+    in by `arrival_s`."""
     rng = np.random.default_rng(seed)
     at, i = sends[0], 0
     steps: list[ObservedStep] = []
     while at < sends[-1] + 10:
-        host = 1 + drift * np.sin(at / 3) if at <= sends[-1] else 1 - drift
+        host = 1.0 if at <= sends[-1] else drain
         end = at + 0.003 * host * (1 + 0.05 * rng.standard_normal())
         while i < len(sends) and sends[i] < end:  # (one arriving mid-step lengthens it)
             end += arrival_s if sends[i] >= at else 0.0
@@ -248,37 +248,35 @@ def busy_steps(
     return steps
 
 
-@pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.0025])
-def test_the_cost_of_an_arrival_is_read_from_the_steps_that_began_near_a_send(
-    arrival_s: float,
+@pytest.mark.parametrize("drain", [0.8, 1.0, 1.3])
+def test_the_host_speed_against_the_drain_is_read_from_steps_with_nothing_sent_near(
+    drain: float,
 ) -> None:
-    """Steps with nothing sent around their start against all of the full batch's, both
-    while requests arrive: what each arrival costs, however the host drifts (the drain
-    reads it wrong on the same steps)."""
+    """Steps that began with no send near them, while requests arrived, against the
+    drain's: the host's speed between the two, whatever the arrivals take from the rest."""
     sends = [100.0 + t for t in Arrival(rate=50.0).within(20.0, seed=5)]
-    steps = busy_steps(sends, arrival_s)
-    cost, how = arrival_cost(sends, steps, CONFIG.max_num_seqs)
-    assert cost == pytest.approx(arrival_s, abs=0.00015, rel=0.1)
-    assert how.startswith("steps of a full batch took ") and "req/s arrived" in how
-    assert "with nothing sent from 10 ms before" in how
-    # The same sends on another clock than the steps' say nothing of them.
-    assert arrival_cost([t - 100 for t in sends], steps, CONFIG.max_num_seqs)[0] is None
+    ratio, how = host_drift(busy_steps(sends, 0.002, drain), sends, CONFIG.max_num_seqs)
+    assert ratio == pytest.approx(1 / drain, rel=0.02)
+    assert how.startswith("a full batch's steps with nothing sent near them took ")
+    assert " ms in the drain (" in how
 
 
-def test_steps_that_cannot_tell_the_cost_of_an_arrival_say_why() -> None:
+def test_steps_that_cannot_tell_the_host_speed_say_why() -> None:
     sends = [100.0 + t for t in Arrival(rate=50.0).within(20.0, seed=5)]
-    cost, why = arrival_cost(sends, busy_steps(sends, 0.001), 9)  # (never a full batch of 9)
-    assert cost is None and why == "its answers show no step of a full batch while requests arrived"
-    crowded = [100.0 + t for t in Arrival(rate=2000.0).within(20.0, seed=5)]
-    cost, why = arrival_cost(crowded, busy_steps(crowded, 0.0), CONFIG.max_num_seqs)
-    assert cost is None
-    assert " steps of a full batch began while requests arrived, " in why
+    steps = busy_steps(sends, 0.001)
+    ratio, why = host_drift(steps, sends, 9)  # (never a full batch of 9)
+    assert ratio is None and why == "its answers show no step of a full batch"
+    # The same sends on another clock than the steps' leave no step beside them.
+    ratio, why = host_drift(steps, [t - 100 for t in sends], CONFIG.max_num_seqs)
+    assert ratio is None and why.startswith("0 steps of a full batch began while requests")
     assert why.endswith("each needs 100")
-    assert arrival_cost(sends[:1], busy_steps(sends, 0.0), CONFIG.max_num_seqs)[0] is None
+    crowded = [100.0 + t for t in Arrival(rate=2000.0).within(20.0, seed=5)]
+    ratio, why = host_drift(busy_steps(crowded, 0.0), crowded, CONFIG.max_num_seqs)
+    assert ratio is None and why.endswith("each needs 100")
 
 
 @pytest.mark.parametrize("arrival_s", [0.0, 0.001, 0.003])
-def test_where_steps_cannot_tell_the_cost_of_an_arrival_is_read_from_the_drain(
+def test_the_cost_of_an_arrival_is_read_from_the_drain_past_the_knee(
     arrival_s: float,
 ) -> None:
     """Past the knee the requests that decode while others arrive run slower than those
@@ -297,25 +295,41 @@ def test_where_steps_cannot_tell_the_cost_of_an_arrival_is_read_from_the_drain(
     )
     results = {id(r.request): r for r in simulate(stream, CONFIG, truth)}
     measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
-    cost, how = drained_arrival_cost(stream, measured, CONFIG.max_num_seqs)
+    cost, how = arrival_cost(stream, measured, CONFIG.max_num_seqs)
     assert cost == pytest.approx(arrival_s, abs=0.0002)
     assert " req/s arrived" in how and "in the drain" in how
+
+
+def test_a_host_that_slowed_for_the_drain_is_taken_out_of_the_cost_of_an_arrival() -> None:
+    """The drain 25 % slower than the arrivals' seconds (a shared host) reads as no cost at
+    all; taken at the arriving side's host speed, it reads what each arrival took."""
+    truth = replace(TRUE, arrival_s=0.001)
+    profile = FixedProfile(prompt_tokens=256, output_tokens=64)
+    rate = 2 * capacity_rps(Scenario(CONFIG, truth, profile, 300))
+    stream = list(traffic(profile, Arrival(rate=rate), int(rate * 20), seed=3))
+    slowing = HostSpeed(5.0, (1.0,) * 4 + (1.25,) * 20)  # (from the last send on)
+    results = {id(r.request): r for r in simulate(stream, CONFIG, truth, speed=slowing)}
+    measured = [(results[id(r)].ttft_s or 0.0, results[id(r)].e2e_s or 0.0) for r in stream]
+    assert arrival_cost(stream, measured, CONFIG.max_num_seqs)[0] == 0.0
+    cost, how = arrival_cost(stream, measured, CONFIG.max_num_seqs, drift=1 / 1.25)
+    assert cost == pytest.approx(0.001, abs=0.0002)
+    assert how.endswith(", the drain's taken x0.800 for the host")
 
 
 def test_a_run_past_the_knee_without_a_drain_prices_nothing_and_says_why() -> None:
     light = [SimRequest(1.0 * i, 256, 64) for i in range(60)]
     results = list(simulate(light, CONFIG, TRUE))
     measured = [(r.ttft_s or 0.0, r.e2e_s or 0.0) for r in results]
-    cost, why = drained_arrival_cost(light, measured, CONFIG.max_num_seqs)
+    cost, why = arrival_cost(light, measured, CONFIG.max_num_seqs)
     assert cost is None and "the engine kept up: no queue to drain" in why
     with pytest.raises(InvalidInput, match="2 measured latencies for 60 requests"):
-        drained_arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
+        arrival_cost(light, measured[:2], CONFIG.max_num_seqs)
     # A drain slower than the arrivals (a host that slowed down): nothing to charge.
     burst = [SimRequest(0.02 * i, 256, 64) for i in range(400)]  # (8 s at 50 req/s)
     slowing = HostSpeed(8.0, (1.0, 1.5, 1.5, 1.5))
     slowed = {id(r.request): r for r in simulate(burst, CONFIG, TRUE, speed=slowing)}
     measured = [(slowed[id(r)].ttft_s or 0.0, slowed[id(r)].e2e_s or 0.0) for r in burst]
-    assert drained_arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
+    assert arrival_cost(burst, measured, CONFIG.max_num_seqs)[0] == 0.0
 
 
 def test_a_run_without_a_drain_leaves_the_full_batch_as_tuned() -> None:

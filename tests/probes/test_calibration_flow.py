@@ -24,6 +24,7 @@ from planner.simulate.calibrate import (
     load_rate,
     saturated_rate,
 )
+from planner.simulate.engine import HostSpeed
 from planner.simulate.steps import Steps
 from planner.simulate.whatif import Scenario, capacity_rps, traffic
 from planner.workload import Arrival, FixedProfile, parse_profile
@@ -48,7 +49,8 @@ class FakeEngine:
     stores their requests; its tuning runs report a standing queue `queued` times. Each
     arrival takes `arrival_s` of its steps' time, under open-loop load a sequence costs a
     step `seq_extra` more than quiet, and a step with a token count never run `shape_s`
-    more, one evicted from the 32 kept `replan_s`."""
+    more, one evicted from the 32 kept `replan_s`; the run past the knee's drain runs
+    `drain_slow` times as long a step (a shared host)."""
 
     def __init__(
         self,
@@ -59,8 +61,10 @@ class FakeEngine:
         seq_extra: float = 0.0,
         shape_s: float = 0.0,
         replan_s: float = 0.0,
+        drain_slow: float = 1.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
+        self.drain_slow = drain_slow
         self.seq_extra, self.shape_s, self.replan_s = seq_extra, shape_s, replan_s
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -105,14 +109,22 @@ class FakeEngine:
         profile = FixedProfile(prompt_tokens=SWEEP_CONTEXT[0], output_tokens=SWEEP_CONTEXT[1])
         n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
-        ttft, tpot = self.store_requests(run_id, arrivals, self.slow, self.seq_extra)
+        last = int(params["duration_s"] // 5)  # (the host's 5 s windows up to the last send)
+        drain = HostSpeed(5.0, (1.0,) * last + (self.drain_slow,) * 4 * last)
+        speed = drain if self.past_knee(params) and self.drain_slow != 1 else None
+        ttft, tpot = self.store_requests(run_id, arrivals, self.slow, self.seq_extra, speed)
         queued = not self.past_knee(params) and len(self.rates()) <= self.queued
         queue_s = 2 * ttft if queued else 0.0
         return {"ttft_s": {"p50": ttft + queue_s}, "tpot_s": tpot,
                 "engine": {"queue_time": {"mean": queue_s}}}  # fmt: skip
 
     def store_requests(
-        self, run_id: int, requests: list[SimRequest], slow: float = 1.0, seq_extra: float = 0.0
+        self,
+        run_id: int,
+        requests: list[SimRequest],
+        slow: float = 1.0,
+        seq_extra: float = 0.0,
+        speed: HostSpeed | None = None,
     ) -> tuple[float, dict[str, float]]:
         """Store what the simulator with the true cost (`slow` times it, a sequence
         `seq_extra` more) says of `requests`; their TTFT median and TPOT median and mean."""
@@ -121,7 +133,7 @@ class FakeEngine:
             seq_s=(TRUE.seq_s + seq_extra) * slow, pair_s=TRUE.pair_s * slow,
             arrival_s=self.arrival_s, shape_s=self.shape_s, replan_s=self.replan_s,
         )  # fmt: skip
-        results = list(simulate(requests, CONFIG, cost))
+        results = list(simulate(requests, CONFIG, cost, speed=speed))
         with transaction(self.store) as s:
             for seq, r in enumerate(results):
                 assert r.ttft_s is not None and r.e2e_s is not None
@@ -254,28 +266,34 @@ def test_a_run_past_the_knee_prices_each_arrival_and_the_full_batch(
     assert ends[1] == pytest.approx(ends[0], rel=0.05)
 
 
-def test_the_steps_of_the_run_past_the_knee_price_an_arrival_before_its_drain(
+def test_a_drain_on_a_slower_host_is_taken_at_the_arrivals_speed(
     store: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the run past the knee's answers show its steps, they price an arrival (on the
-    clock its requests were sent by), not its drain: the fake engine's answers carry no
-    token times, so its steps are made here, each send 2 ms of the step it falls in, where
-    its drain says 0."""
-    engine = FakeEngine(store)
+    """The run past the knee's drain ran on a host a quarter slower: its steps, on the clock
+    its requests were sent by, say so, and the arrival is priced as the engine took it (its
+    drain alone says 0). The fake engine's answers carry no token times, so its steps are
+    made here, the drain's as slow as its requests'."""
+    engine = FakeEngine(store, arrival_s=0.002, drain_slow=1.25)
     read = calibration.steps_of
 
     def steps_of(store: Engine, run_id: int) -> Steps:
         if q.get_run(store, run_id).params.get("seed") != SATURATED_PARAMS["seed"]:
             return read(store, run_id)
         sends = [row[0] for row in q.replayable(store, run_id)]
-        return Steps(busy_steps(sends, 0.002), 0, 0.003)
+        return Steps(busy_steps(sends, 0.002, drain=1.25), 0, 0.003)
 
     monkeypatch.setattr(calibration, "steps_of", steps_of)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
-    assert cal.arrival_s == pytest.approx(0.002, rel=0.1)
+    assert cal.arrival_s == pytest.approx(0.002, abs=0.0005)
     said = engine.said[1]
-    assert said.startswith("the run past the knee at ") and ": steps of a full batch took " in said
+    assert said.startswith("the run past the knee at ") and ", the drain's taken x0.8" in said
+    assert "; a full batch's steps with nothing sent near them took " in said
     assert f"takes {cal.arrival_s * 1000:.2f} ms of the engine's steps" in said
+    monkeypatch.setattr(calibration, "steps_of", read)  # (no steps: the drain as it ran)
+    plain = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert plain.arrival_s < 0.0005
+    said = [x for x in engine.said if x.startswith("the run past the knee at ")][-1]
+    assert "; its answers show no step of a full batch (the drain taken as it ran);" in said
 
 
 def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
