@@ -394,7 +394,10 @@ def test_cancel_stops_cleanly() -> None:
     # The server may not yet have read the last one sent before the cancel.
     assert 15 <= len(recs) <= 25 and len(recs) - 1 <= generations <= len(recs)
     assert all(r.status == "cancelled" and r.error == "cancelled while in flight" for r in recs)
-    assert all(r.sent_ts is not None and r.sent_ts <= cancelled_at for r in recs)
+    # A request whose task the dispatcher started before the cancel may send in the same
+    # turn of the loop the cancel is raised in, before the run sees it (CI's CPU hog once
+    # showed one): none is sent a schedule gap (25 ms) later.
+    assert all(r.sent_ts is not None and r.sent_ts <= cancelled_at + 0.025 for r in recs)
     assert all(r.end_ts is not None and r.end_ts <= cancelled_at + 0.3 for r in recs)
     assert result.summary().cancelled == len(recs)
 
