@@ -46,7 +46,7 @@ class _Row(NamedTuple):
     merged: tuple[float, float]  # share of tokens two to a chunk: while arriving, in the drain
 
 
-def _read(worker: Worker, run_id: int, seqs: int) -> _Row:
+def _read(worker: Worker, run_id: int, seed: int, seqs: int) -> _Row:
     rows = q.replayable(worker.store, run_id)
     sends = np.array(sorted(row[0] for row in rows))
     requests = replay(rows)
@@ -76,7 +76,7 @@ def _read(worker: Worker, run_id: int, seqs: int) -> _Row:
     def ms(x: float | None) -> float | None:
         return None if x is None else x * 1000
 
-    return _Row(0, rate, ms(plain), ms(host), ms(alone), drift, (share[0], share[1]))
+    return _Row(seed, rate, ms(plain), ms(host), ms(alone), drift, (share[0], share[1]))
 
 
 def main() -> None:
@@ -94,13 +94,13 @@ def main() -> None:
             raise SystemExit("the calibration priced no arrival: its run past the knee failed")
         own = max(r.id for r in q.list_runs(worker.store, "latency")
                   if r.params.get("seed") == SATURATED_PARAMS["seed"])  # fmt: skip
-        rows.append(_read(worker, own, seqs)._replace(seed=SATURATED_PARAMS["seed"]))
+        rows.append(_read(worker, own, SATURATED_PARAMS["seed"], seqs))
         for seed in args.seeds:
             run = request("latency", target=injection.NAME, timeout=900,
                           **dict(SATURATED_PARAMS, rate=rate, seed=seed))  # fmt: skip
             if run.status != "done":
                 raise SystemExit(f"the run with seed {seed} ended {run.status}: {run.error}")
-            rows.append(_read(worker, run.id, seqs)._replace(seed=seed))
+            rows.append(_read(worker, run.id, seed, seqs))
             print(f"seed {seed} read", flush=True)
 
     def ms(x: float | None) -> str:
