@@ -147,10 +147,9 @@ def _arrivals_priced(
     except TargetError as err:
         cost, how = None, f"failed: {err}"
     else:
-        rows = q.replayable(store, run_id)
-        requests, measured = replay(rows), q.replayed_latencies(store, run_id)
+        (requests, measured), start = _replayed(store, run_id)
         seqs = fitted.config().max_num_seqs
-        sends = [row[0] for row in rows]
+        sends = [start + r.arrival_s for r in requests]
         drift, host = host_drift(steps_of(store, run_id).steps, sends, seqs)
         cost, how = arrival_cost(requests, measured, seqs, drift)
         how += f"; {host}" + ("" if drift else " (the drain taken as it ran)")
@@ -192,9 +191,12 @@ def _shapes_priced(
     return fitted.model_copy(update={"shape_s": new, "replan_s": again})
 
 
-def _replayed(store: Engine, run_id: int) -> Replayed:
-    """A stored open-loop run's requests as sent, and what each measured."""
-    return replay(q.replayable(store, run_id)), q.replayed_latencies(store, run_id)
+def _replayed(store: Engine, run_id: int) -> tuple[Replayed, float]:
+    """A stored open-loop run's requests as sent, and what each measured; and the first
+    send's wall time, which the replay takes as 0 (the run's steps are on the wall clock)."""
+    rows = q.replayable(store, run_id)
+    start = min((row[0] for row in rows), default=0.0)
+    return (replay(rows), q.replayed_latencies(store, run_id)), start
 
 
 def steps_of(store: Engine, run_id: int) -> Steps:
@@ -233,7 +235,7 @@ def _tuned(
         loaded = LoadRun.model_validate(summary)
         why = tuning_refused(loaded)
         if why is None and loaded.tune_figures is not None:  # (refused without them)
-            requests, measured = _replayed(store, load_id)
+            (requests, measured), _ = _replayed(store, load_id)
             made = _TuningRun(requests, rate, loaded.tune_figures, measured)
             steps = steps_of(store, load_id).steps
             return tune(fitted, made.requests, rate, *made.figures, made.measured, steps), made
