@@ -255,10 +255,11 @@ def measure(
     same = _drawn(scenario, rate, traffic)
     bare = predict(replace(scenario, noise=(), speed=(), queued_tpot=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
-    # on this run (as the calibration tunes on its own run), the host's noise kept.
+    # on this run (as the calibration tunes on its own run, on this run's engine: the small
+    # KV's waits and recomputes are the scheduler's to predict), the host's noise kept.
     own = tune(
         cal, traffic, rate, *tune_figures(LoadRun.model_validate(run.summary), rate),
-        steps=calibration.steps_of(worker.store, run.id).steps,
+        steps=calibration.steps_of(worker.store, run.id).steps, config=scenario.config,
     )  # fmt: skip
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic)

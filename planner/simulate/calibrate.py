@@ -667,6 +667,7 @@ def tune(
     ttft_p50_s: float,
     measured: Sequence[tuple[float, float]] | None = None,
     steps: Iterable[ObservedStep] | None = None,
+    config: EngineConfig | None = None,
 ) -> Calibration:
     """The calibration under load: with the run's `steps` (read back from its token
     times), the quiet fit made again beside them (`on_steps`); then the one step-cost scale
@@ -675,10 +676,13 @@ def tune(
     loop and lone requests miss what load adds on a shared machine (the API server and the
     client taking CPU from the engine's steps). With each request's measured (TTFT, E2E),
     in the order of `requests`, the host's speed window by window (`host_speed`), and what
-    the tuned replay at that speed does not explain is kept as the host's noise."""
+    the tuned replay at that speed does not explain is kept as the host's noise. The replay
+    runs on `config`, the engine the run was made on (by default the one fitted on): on
+    another, the waits and recomputes for its blocks would be put into the scale and the
+    API time."""
     if steps is not None:
         calibration = on_steps(calibration, steps)
-    config = calibration.config()
+    config = config or calibration.config()
     if measured is not None and len(measured) != len(requests):
         raise InvalidInput(
             f"{len(measured)} measured latencies for {len(requests)} replayed requests"
