@@ -4,7 +4,8 @@ predict workloads it was not fitted on and compare with latency probes on the en
 Each workload is measured once with a latency probe, then simulated on the run's own
 requests (the same send times and lengths: the comparison of the figures), calibrated as a
 user gets it, without the host's noise and speed, and with the step cost tuned on the run
-itself (the scheduler's error without the calibration's), and re-tuned on the engine just
+itself at the host's speed it had window by window (the scheduler's error without the
+calibration's or the host's drift), and re-tuned on the engine just
 before the run (`kvscope simulate calibrate --retune`: the calibration's drift over a
 minute, not over the benchmark's ten); and on 19 fresh draws of the
 same profile and rate (the seeds' 80 % interval on p99 TTFT: the second lowest to the
@@ -32,7 +33,8 @@ from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
-from planner.simulate.calibrate import Calibration, LoadRun, tune
+from planner.simulate.calibrate import Calibration, LoadRun, host_speed, tune
+from planner.simulate.engine import HostSpeed
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.setup import measured_by
 from planner.simulate.whatif import Scenario, capacity_rps, predict, replay, sweep, traffic
@@ -256,22 +258,29 @@ def measure(
     bare = predict(replace(scenario, noise=(), speed=(), queued_tpot=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run, on this run's engine: the small
-    # KV's waits and recomputes are the scheduler's to predict), the host's noise kept.
+    # KV's waits and recomputes are the scheduler's to predict), at the host's speed the run
+    # had window by window (since AP), the host's noise kept.
     own = tune(
         cal, traffic, rate, *tune_figures(LoadRun.model_validate(run.summary), rate),
         steps=calibration.steps_of(worker.store, run.id).steps, config=scenario.config,
     )  # fmt: skip
+    flat = {id(r.request): r for r in simulate(traffic, scenario.config, own.cost())}
+    as_run = host_speed(traffic, flat, q.replayed_latencies(worker.store, run.id))[1]
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
-    mine = _drawn(tuned, rate, traffic)
+    mine = _drawn(tuned, rate, traffic, as_run)
     recent = None if again is None else _drawn(measured_by(base, again), rate, traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=19)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary
 
 
-def _drawn(scenario: Scenario, rate: float, traffic: list[SimRequest]) -> _Summary:
-    """Each figure's median over SEEDS draws of the host on the run's own requests."""
-    return _Summary(_medians([predict(scenario, rate, seed, requests=traffic) for seed in SEEDS]))
+def _drawn(
+    scenario: Scenario, rate: float, traffic: list[SimRequest], speed: HostSpeed | None = None
+) -> _Summary:
+    """Each figure's median over SEEDS draws of the host on the run's own requests (with
+    `speed`, at that speed window by window; the host's noise still drawn)."""
+    drawn = [predict(scenario, rate, seed, requests=traffic, speed=speed) for seed in SEEDS]
+    return _Summary(_medians(drawn))
 
 
 def itself(name: str, first: dict[str, Any], again: dict[str, Any], tally: list[int]) -> None:

@@ -412,10 +412,13 @@ def predict(
     seed: int = 0,
     capacity: float | None = None,
     requests: Sequence[SimRequest] | None = None,
+    speed: HostSpeed | None = None,
 ) -> Prediction:
     """One simulated run of `scenario.count(rate)` requests at `rate` requests/s, or of the
     given `requests` (a replay; `rate` then only labels it). `capacity` (requests/s, from
-    `capacity_rps`) can be passed in when several rates share it."""
+    `capacity_rps`) can be passed in when several rates share it. `speed`: the host's speed
+    window by window as a replayed run had it (`calibrate.host_speed`), instead of windows
+    drawn from the scenario's."""
     arrival = scenario.arrivals(rate)
     capacity = capacity if capacity is not None else capacity_rps(scenario)
     n = scenario.count(rate)
@@ -433,7 +436,7 @@ def predict(
         stats,
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
-        speed=_host_speed(scenario.speed, seed),
+        speed=speed or _host_speed(scenario.speed, seed),
     )
     for r in results:
         longest_prompt = max(longest_prompt, r.request.prompt_tokens)

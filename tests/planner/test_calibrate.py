@@ -26,6 +26,7 @@ from planner.simulate.calibrate import (
     fit,
     full_batch,
     host_drift,
+    host_speed,
     load_rate,
     lone_decodes,
     on_steps,
@@ -512,6 +513,32 @@ def test_the_hosts_speed_is_measured_window_by_window_and_drawn_by_predictions()
     few = requests[::60]
     sparse = tune(quiet, few, rate, tpot, ttft, [measured[i] for i in range(0, 240, 60)])
     assert sparse.speed == [] and "host speed" not in sparse.describe()
+
+
+def test_a_replay_can_run_at_the_host_speed_its_run_had() -> None:
+    """The fidelity benchmark's scheduler-only figures: a run tuned on itself and replayed on
+    its own requests at the host's speed it had, window by window (`host_speed` in the run's
+    order), finds its slow windows where they were; the same replay at one speed does not."""
+    quiet = fit(*samples(), CONFIG)
+    rate = load_rate(quiet)
+    profile = FixedProfile(prompt_tokens=256, output_tokens=64)
+    requests = list(traffic(profile, Arrival(rate=rate), 240, seed=4))
+    host = HostSpeed(SPEED_WINDOW_S, (1.0, 1.0, 1.5, 1.5) + (1.0,) * 20)
+    ran = {id(r.request): r for r in simulate(requests, CONFIG, TRUE, speed=host)}
+    measured = [(ran[id(q)].ttft_s or 0.0, ran[id(q)].e2e_s or 0.0) for q in requests]
+    tpot = float(np.mean([r.tpot_s for r in ran.values() if r.tpot_s is not None]))
+    own = tune(quiet, requests, rate, tpot, float(np.median([t for t, _ in measured])))
+    flat = {id(r.request): r for r in simulate(requests, CONFIG, own.cost())}
+    _, in_order = host_speed(requests, flat, measured)
+    assert in_order is not None
+    scenario = Scenario(CONFIG, own.cost(), profile, 240, api_s=own.request_s)
+    truth = float(np.percentile([e for _, e in measured], 99))
+    as_run = predict(scenario, rate, requests=requests, speed=in_order).e2e_s.p99
+    at_one_speed = predict(scenario, rate, requests=requests).e2e_s.p99
+    assert as_run is not None and at_one_speed is not None
+    # (a request's window is the one it began decoding in: the slow ones read a little slower)
+    assert as_run == pytest.approx(truth, rel=0.1)
+    assert at_one_speed < 0.85 * truth
 
 
 def test_a_tuning_run_that_queued_is_refused_with_the_reason() -> None:
