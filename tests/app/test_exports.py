@@ -9,7 +9,6 @@ into grafana-foundation-sdk's Dashboard model without losing a field.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -36,15 +35,20 @@ from planner.slo import parse_slo
 from probes.alerting.rules import DEFAULT_RULES, AlertRule, RuleKind
 
 PROMTOOL = shutil.which("promtool")
+
+
+def _promtool() -> str:
+    """promtool's path. The tests that run it fail without it, as the Prometheus server
+    tests do without Prometheus."""
+    assert PROMTOOL is not None, (
+        "promtool not found: install Debian's prometheus package (.ci/run does)"
+    )
+    return PROMTOOL
+
+
 # The promise the burn-rate rules watch: bounds on vLLM's bucket edges (TTFT 2.5, TPOT 0.1).
 SLO = parse_slo(
     {"name": "chat", "ttft_s": 2.5, "tpot_s": 0.1, "share": 0.99, "window_s": 30 * 86400}
-)
-# A developer's machine may lack promtool; CI's never does (.ci/run installs it), so there a
-# missing one fails the tests that need it.
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None and not os.environ.get("CI"),
-    reason="promtool test rules needs Debian's prometheus package (.ci/run installs it)",
 )
 
 # ---------------------------------------------------------------------------------------
@@ -201,12 +205,10 @@ def _by_rule(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-@pytest.mark.parametrize(
-    "promtool", [None, PROMTOOL], ids=["schema-only", "schema-and-promtool-if-installed"]
-)
-def test_default_rules_file_is_valid(tmp_path: Path, promtool: str | None) -> None:
+@pytest.mark.parametrize("promtool", [False, True], ids=["schema-only", "schema-and-promtool"])
+def test_default_rules_file_is_valid(tmp_path: Path, promtool: bool) -> None:
     path = _write(tmp_path, prometheus_rules_yaml(DEFAULT_RULES, slo=SLO))
-    assert validate_rules_file(path, promtool) == []
+    assert validate_rules_file(path, _promtool() if promtool else None) == []
 
 
 BROKEN = {
@@ -228,8 +230,8 @@ def test_schema_check_and_promtool_refuse_broken_files(tmp_path: Path, case: str
     assert old in good
     path = _write(tmp_path, good.replace(old, new, 1))
     assert schema_errors(path.read_text()), f"schema check let {case} through"
-    if PROMTOOL:  # the check of our own agrees with Prometheus' where both run
-        assert any(e.startswith("promtool:") for e in validate_rules_file(path, PROMTOOL))
+    # The check of our own agrees with Prometheus'.
+    assert any(e.startswith("promtool:") for e in validate_rules_file(path, _promtool()))
 
 
 def test_schema_check_refuses_a_label_that_is_not_a_string() -> None:
@@ -333,10 +335,8 @@ def test_a_target_narrows_only_with_an_instance_mapping() -> None:
         assert "watches instance 10.0.0.5:8000" in exported["annotations"]["description"]
 
 
-@pytest.mark.parametrize(
-    "promtool", [None, PROMTOOL], ids=["schema-only", "schema-and-promtool-if-installed"]
-)
-def test_a_rule_with_labels_narrows_by_those_labels(tmp_path: Path, promtool: str | None) -> None:
+@pytest.mark.parametrize("promtool", [False, True], ids=["schema-only", "schema-and-promtool"])
+def test_a_rule_with_labels_narrows_by_those_labels(tmp_path: Path, promtool: bool) -> None:
     rules = [
         r.model_copy(update={"labels": {"pool": "chat", "region": "eu"}})
         for r in DEFAULT_RULES
@@ -348,7 +348,7 @@ def test_a_rule_with_labels_narrows_by_those_labels(tmp_path: Path, promtool: st
         assert "instances labelled pool=chat, region=eu" in exported["annotations"]["description"]
     path = tmp_path / "rules.yaml"
     path.write_text(prometheus_rules_yaml(rules))
-    assert validate_rules_file(path, promtool) == []
+    assert validate_rules_file(path, _promtool() if promtool else None) == []
 
 
 def test_durations() -> None:
@@ -382,7 +382,7 @@ def test_yaml_writer_round_trips_what_users_type(tmp_path: Path) -> None:
     text = prometheus_rules_yaml(rules)
     assert yaml.safe_load(text) == prometheus_rules(rules)
     # Annotations and labels are Go templates: a name with `{{` must still read as itself.
-    assert validate_rules_file(_write(tmp_path, text), PROMTOOL) == []
+    assert validate_rules_file(_write(tmp_path, text), _promtool()) == []
     assert yaml.safe_load(to_yaml({"a": [], "b": {}, "c": "x\n  y", "d": " lead\nx"})) == {
         "a": [],
         "b": {},
@@ -395,7 +395,7 @@ def test_no_enabled_rule_still_makes_a_valid_file(tmp_path: Path) -> None:
     off = [r.model_copy(update={"enabled": False}) for r in DEFAULT_RULES]
     text = prometheus_rules_yaml(off, group="empty")
     assert yaml.safe_load(text) == {"groups": [{"name": "empty", "rules": []}]}
-    assert validate_rules_file(_write(tmp_path, text), PROMTOOL) == []
+    assert validate_rules_file(_write(tmp_path, text), _promtool()) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -524,9 +524,8 @@ def _promtool_test(
     rules_path = _write(tmp_path, to_yaml(rules))
     spec = {"rule_files": [str(rules_path)], "evaluation_interval": f"{STEP_S}s", "tests": tests}
     test_path = _write(tmp_path, json.dumps(spec, indent=1), "test.json")
-    assert PROMTOOL is not None, "promtool not found: install Debian's prometheus package"
     done = subprocess.run(
-        [PROMTOOL, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120
+        [_promtool(), "test", "rules", str(test_path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -546,7 +545,6 @@ def _alert_tests(expected: dict[str, list[dict[str, str]]], at: str) -> list[dic
     ]
 
 
-@needs_promtool
 def test_alerts_fire_on_v0_and_v1_spellings(tmp_path: Path) -> None:
     def per_engine(rule: str) -> list[dict[str, str]]:
         return [_alert(rule, instance=i, model_name="m") for i in (V1, V0, BOTH)]
@@ -578,7 +576,6 @@ def test_alerts_fire_on_v0_and_v1_spellings(tmp_path: Path) -> None:
     _promtool_test(tmp_path, prometheus_rules(DEFAULT_RULES), tests)
 
 
-@needs_promtool
 def test_alerts_stay_quiet_before_their_for_duration(tmp_path: Path) -> None:
     expected: dict[str, list[dict[str, str]]] = {
         "KV cache nearly full": [],  # holds from the start; fires after its 1 min
@@ -595,7 +592,6 @@ def test_alerts_stay_quiet_before_their_for_duration(tmp_path: Path) -> None:
     _promtool_test(tmp_path, prometheus_rules(DEFAULT_RULES), tests)
 
 
-@needs_promtool
 def test_output_tail_compares_with_the_window_before(tmp_path: Path) -> None:
     steps, half = 280, 140  # 70 minutes; outputs ten times longer after 35
     series: list[dict[str, str]] = []
@@ -751,10 +747,9 @@ def test_dashboard_queries_are_promql(tmp_path: Path) -> None:
             }
         ]
     }
-    assert validate_rules_file(_write(tmp_path, to_yaml(doc)), PROMTOOL) == []
+    assert validate_rules_file(_write(tmp_path, to_yaml(doc)), _promtool()) == []
 
 
-@needs_promtool
 def test_dashboard_queries_read_v0_and_v1_engines(tmp_path: Path) -> None:
     model = grafana_dashboard()
     query = {p["title"]: [_as_promql(t["expr"]) for t in p["targets"]] for p in _timeseries(model)}
@@ -800,7 +795,6 @@ def test_dashboard_queries_read_v0_and_v1_engines(tmp_path: Path) -> None:
     _promtool_test(tmp_path, {"groups": []}, tests)
 
 
-@needs_promtool
 def test_a_name_with_template_braces_shows_as_typed(tmp_path: Path) -> None:
     name = 'Queue {{ $x }} "q"'
     rule = AlertRule(name=name, kind=RuleKind.QUEUE_DEPTH, threshold=4, for_s=0)
@@ -841,4 +835,4 @@ def test_relative_rules_export_and_pass_promtool(tmp_path: Path) -> None:
     )
     usual = by_rule["Tail off its usual"]
     assert "> 1.5 * (" in usual and "[1d]" in usual and "[5m]" in usual
-    assert validate_rules_file(_write(tmp_path, text), PROMTOOL) == []
+    assert validate_rules_file(_write(tmp_path, text), _promtool()) == []
