@@ -216,6 +216,27 @@ def rows(
     )
 
 
+def calibrated_workload(
+    config: EngineConfig,
+    cal: Calibration,
+    workload: tuple[str, dict[str, Any], float, str, float, bool],
+) -> tuple[Scenario, float]:
+    """A workload on the engine `config` as `cal` measured it, and its rate: the workload's
+    share of that scenario's capacity."""
+    _, profile, share, arrival, cv, _ = workload
+    base = Scenario(
+        config=config,
+        cost=cal.cost(),
+        profile=parse_profile(profile),
+        requests=400,
+        arrival=arrival,
+        cv=cv,
+        source="calibrated",
+    )
+    scenario = measured_by(base, cal)
+    return scenario, round(share * capacity_rps(scenario), 2)
+
+
 def measure(
     worker: Worker,
     request: injection.Request,
@@ -229,18 +250,8 @@ def measure(
     `retuned` (its tally), the calibration is first re-tuned on the engine as `kvscope
     simulate calibrate --retune` does, and that prediction shown too: the calibration's
     drift over minutes, not over the whole benchmark."""
-    name, profile, share, arrival, cv, _ = workload
-    base = Scenario(
-        config=started_config(worker),
-        cost=cal.cost(),
-        profile=parse_profile(profile),
-        requests=400,
-        arrival=arrival,
-        cv=cv,
-        source="calibrated",
-    )
-    scenario = measured_by(base, cal)
-    rate = round(share * capacity_rps(scenario), 2)
+    name, profile, _, arrival, cv, _ = workload
+    scenario, rate = calibrated_workload(started_config(worker), cal, workload)
     again = None
     if retuned is not None:
         runner = probe_runner(request, "the retune's")
@@ -268,7 +279,7 @@ def measure(
     as_run = host_speed(traffic, flat, q.replayed_latencies(worker.store, run.id))[1]
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic, as_run)
-    recent = None if again is None else _drawn(measured_by(base, again), rate, traffic)
+    recent = None if again is None else _drawn(measured_by(scenario, again), rate, traffic)
     fresh = sweep(replace(scenario, requests=len(traffic)), [rate], seeds=19)[0]
     rows(name, rate, run.summary, same, (bare, mine, recent), fresh, tally, (None, None, retuned))
     return run.summary

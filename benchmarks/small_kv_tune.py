@@ -24,15 +24,14 @@ from benchmarks.simulator import (
     SMALL_KV,
     WORKLOADS,
     calibrate,
+    calibrated_workload,
     started_config,
     tune_figures,
 )
 from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
 from planner.simulate.calibrate import Calibration, LoadRun, host_speed, tune
-from planner.simulate.setup import measured_by
 from planner.simulate.steps import ObservedStep
-from planner.simulate.whatif import Scenario, capacity_rps, replay
-from planner.workload import parse_profile
+from planner.simulate.whatif import replay
 from probes.kinds import calibration
 from storage import queries as q
 from tests.support import injection
@@ -45,7 +44,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals")
     args = ap.parse_args()
-    name, profile, share, arrival, cv, _ = next(w for w in WORKLOADS if w[5])
+    workload = next(w for w in WORKLOADS if w[5])
+    name, profile, _, arrival, cv, _ = workload
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     with injection.diag_worker(venv, ENGINE) as (worker, request):
         cal = calibrate(worker, request)
@@ -53,12 +53,7 @@ def main() -> None:
     print(cal.describe(), flush=True)
     with injection.diag_worker(venv, ENGINE | SMALL_KV) as (worker, request):
         small = started_config(worker)
-        # The rate as the fidelity benchmark sets it: a share of the small KV's capacity.
-        base = Scenario(
-            config=small, cost=cal.cost(), profile=parse_profile(profile), requests=400,
-            arrival=arrival, cv=cv, source="calibrated",
-        )  # fmt: skip
-        rate = round(share * capacity_rps(measured_by(base, cal)), 2)
+        _, rate = calibrated_workload(small, cal, workload)  # (the fidelity benchmark's rate)
         print(f"\n{name}, {rate:g} req/s; measured -> tuned on {fitted_on.num_blocks} blocks "
               f"/ on its own {small.num_blocks} / on its own and replayed at the run's host "
               "speed window by window; without the host's noise\n")  # fmt: skip
