@@ -1,5 +1,5 @@
 """How the CPU engine's decode step grows with its context (a cached token's cost), read
-three ways on one engine, each within one run (docs/simulator.md, "How a decode step grows
+three ways on one engine, each within one run (docs/simulator-log.md, "How a decode step grows
 with its context"):
 
 - the calibration's lone requests (PREFILL_PARAMS: prompts of 64, 1,024 and 4,096 tokens,

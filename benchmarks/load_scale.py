@@ -3,7 +3,7 @@ the step scale and API time `tune` finds, at several shares of the engine's capa
 rate run twice (interleaved). Tells whether one scale measured at one load carries to
 others (the calibration tunes on one run at LOAD_SHARE).
 
-    .venv/bin/python -m benchmarks.load_scale       # ~8 min; docs/simulator.md has a run
+    .venv/bin/python -m benchmarks.load_scale       # ~8 min; docs/simulator-log.md has a run
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ without measuring the closing break again, and how often two grids measured alik
 
 The engine's capacity in a 30-s spell is its median times a draw: lognormal with `sigma`,
 and in a `slow` share of spells 0.70-0.88 times (steps 15-40 % longer; the CPU engine's
-live grids, rounds 11-14 of docs/simulator.md, read an engine TPOT 1.15-1.5 times the
+live grids, rounds 11-14 of docs/simulator-log.md, read an engine TPOT 1.15-1.5 times the
 round's median in about one window in six). A window of n spells holds a rate up to the
 mean of its spells' capacities (the queue builds on the average). The prediction is 5 %
 low to 40 % high (the calibrated simulator's spread on that engine), and the first window

@@ -4,7 +4,7 @@ calibration was fitted on (511 blocks, where nothing waits for blocks), on the r
 (95 blocks), and on its own at the host's speed the run had, window by window. Tuned
 elsewhere, a run's waits for blocks read as a slower step and a longer API time, which the
 prediction on its own engine then counts again; on its own, what is left in the tail is
-mostly the host's drift within the run (docs/simulator.md, "The small KV tuned on its own
+mostly the host's drift within the run (docs/simulator-log.md, "The small KV tuned on its own
 engine").
 
     .venv/bin/python -m benchmarks.small_kv_tune             # ~6 min

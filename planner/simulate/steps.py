@@ -146,7 +146,7 @@ def context_slopes(steps: Iterable[ObservedStep]) -> dict[int, float]:
     steps' lengths in SLOPE_BINS bins of their summed context. Within one run the host's
     drift falls on short and long contexts alike, and the medians leave its stalls out.
     On the CPU engine a cached token cost a lone sequence several times what it cost each
-    of eight (docs/simulator.md), which one `StepCost.kv_token_read_s` cannot price."""
+    of eight (docs/simulator-log.md), which one `StepCost.kv_token_read_s` cannot price."""
     by_batch: dict[int, list[tuple[int, float]]] = {}
     for step in steps:
         if step.seconds is not None and step.decodes and not step.prefills:
