@@ -5,9 +5,11 @@ calibration was fitted on (511 blocks, where nothing waits for blocks), on the r
 elsewhere, a run's waits for blocks read as a slower step and a longer API time, which the
 prediction on its own engine then counts again; on its own, what is left in the tail is
 mostly the host's drift within the run (docs/simulator-log.md, "The small KV tuned on its own
-engine").
+engine"). Last, request by request, the requests that waited (a measured TTFT of 100 ms
+or more) against the same requests in the replay at the run's host speed: whether the
+tail is the same requests' waits, or only the same quantile.
 
-    .venv/bin/python -m benchmarks.small_kv_tune             # ~6 min
+    .venv/bin/python -m benchmarks.small_kv_tune             # ~7 min
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from storage import queries as q
 from tests.support import injection
 
 QUANTILES = (50, 90, 99)
+WAITED_S = 0.1  # a TTFT this long waited for blocks or behind a recompute, not for a step
 
 
 def main() -> None:
@@ -60,6 +63,7 @@ def main() -> None:
         heads = ["seed", "preemptions", *(f"TTFT p{p} ms" for p in QUANTILES), "E2E p99 ms",
                  "step scale, API"]  # fmt: skip
         print("| " + " | ".join(heads) + " |\n" + "|---" * len(heads) + "|", flush=True)
+        waits: list[str] = []
         for seed in args.seeds:
             done = request(
                 "latency", target=injection.NAME, timeout=1200, rate=rate,
@@ -83,10 +87,14 @@ def main() -> None:
             cells.append(_cell(np.percentile(measured[:, 1], 99), [r.e2e_p99 for r in read]))
             cells.append(" / ".join(f"x{r.scale:.2f}, {r.api_s * 1000:.0f} ms" for r in read))
             print(f"| {seed} | " + " | ".join(cells) + " |", flush=True)
+            waits.append(f"seed {seed}: {_waited(measured[:, 0], read[2].ttfts)}")
+        print("\nThe requests that waited, measured -> replayed at the run's host speed:")
+        print("\n".join(waits), flush=True)
 
 
 class _Replay(NamedTuple):
     preemptions: int
+    ttfts: np.ndarray  # each request's, in the order of the requests replayed (nan: refused)
     ttft: list[float]  # at QUANTILES
     e2e_p99: float
     scale: float  # the tune's step scale
@@ -117,12 +125,33 @@ def _replayed(
     ]
     ttft = np.array([r.ttft_s for r in results], dtype=float) + own.request_s
     e2e = np.array([r.e2e_s for r in results], dtype=float) + own.request_s
+    by_request = {
+        id(r.request): np.nan if r.ttft_s is None else r.ttft_s + own.request_s for r in results
+    }
     return _Replay(
         stats.preemptions,
+        np.array([by_request.get(id(r), np.nan) for r in requests], dtype=float),
         [float(np.percentile(ttft, p)) for p in QUANTILES],
         float(np.percentile(e2e, 99)),
         own.load_scale,
         own.request_s,
+    )
+
+
+def _waited(measured: np.ndarray, replayed: np.ndarray) -> str:
+    """The requests whose measured TTFT was at least WAITED_S, against the same requests
+    replayed: how many, the median ratio, how many within 25 %, and the three slowest."""
+    waited = np.flatnonzero(measured >= WAITED_S)
+    if not len(waited):
+        return "none waited"
+    ratio = replayed[waited] / measured[waited]
+    slowest = waited[np.argsort(-measured[waited])[:3]]
+    pairs = ", ".join(f"{measured[i] * 1000:,.0f} -> {replayed[i] * 1000:,.0f}" for i in slowest)
+    return (
+        f"{len(waited)} of {len(measured)} waited {WAITED_S * 1000:.0f} ms or more; replayed "
+        f"x{np.nanmedian(ratio):.2f} (median), {int(np.sum(np.abs(ratio - 1) <= 0.25))} within "
+        f"25 %, {int(np.sum(replayed[waited] >= WAITED_S))} waited there too; the slowest "
+        f"{pairs} ms"
     )
 
 
