@@ -25,6 +25,7 @@ from planner.simulate.whatif import (
     sweep,
     traffic,
 )
+from planner.stats import percentile
 from planner.workload import Arrival, FixedProfile, get_profile
 
 COST = StepCost(overhead_s=0.002, weights_read_s=0.010, kv_token_read_s=2e-7, token_compute_s=2e-5)
@@ -44,6 +45,24 @@ def test_the_sketch_reads_quantiles_within_half_a_percent_in_fixed_memory() -> N
     assert figures.max == pytest.approx(values.max()) and sketch.counts.nbytes == size
     assert figures.mean == pytest.approx(values.mean())
     assert Sketch().quantile(0.5) is None
+
+
+def test_a_small_runs_quantiles_read_as_the_probes_read_theirs() -> None:
+    """A latency probe's p99 interpolates between order statistics; a p99 of 98 requests
+    is then near the second slowest, not the slowest (0.56 s here, not 0.76), and the
+    simulator's must read the same way to be compared with it."""
+    rng = np.random.default_rng(2)
+    for n in (1, 2, 5, 98, 283):
+        values = rng.lognormal(-3, 1.2, n)
+        sketch = Sketch()
+        sketch.add_many(values)
+        for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+            expected = percentile(list(values), q)
+            assert sketch.quantile(q) == pytest.approx(expected, rel=0.006)
+    tail = np.array([0.02] * 96 + [0.557, 0.758])
+    sketch = Sketch()
+    sketch.add_many(tail)
+    assert sketch.quantile(0.99) == pytest.approx(0.563, rel=0.006)
 
 
 def test_weighted_arrays_count_as_their_values_repeated() -> None:
