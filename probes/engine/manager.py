@@ -88,14 +88,23 @@ class EngineManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, wait: bool = True, timeout: float = START_TIMEOUT_S) -> EngineState:
-        """Start the engine (refusing a spec that cannot start); wait until it is healthy."""
+    def start(
+        self,
+        wait: bool = True,
+        timeout: float = START_TIMEOUT_S,
+        spec: EngineSpec | None = None,
+    ) -> EngineState:
+        """Start the engine, running `spec` when given (refusing a spec that cannot start);
+        wait until it is healthy. The spec is taken under the same lock as the launch, so a
+        supervision pass that meanwhile set the spec last started cannot launch that one."""
         with self._lock:
             if self.alive():
                 raise EngineError(
                     f"engine {self.spec.name} is already running "
                     f"(pid {self.state.pid}); stop or restart it"
                 )
+            if spec is not None:
+                self.spec = spec
             problems = preflight(self.spec, data_dir=self.data_dir)
             if problems:
                 raise EngineError(f"engine {self.spec.name} not started: " + "; ".join(problems))
@@ -220,6 +229,13 @@ class EngineManager:
     def alive(self) -> bool:
         """Whether any process of the engine's group lives."""
         return self.process.alive()
+
+    def take_spec(self, spec: EngineSpec) -> None:
+        """Run `spec` from the next start, unless the engine runs; never while a start or a
+        stop is under way (the manager's lock)."""
+        with self._lock:
+            if self.spec != spec and not self.alive():
+                self.spec = spec
 
     def _reap(self) -> None:
         code = self.process.exit_code()

@@ -67,8 +67,8 @@ class EngineRegistry(Mapping[str, EngineManager]):
             if manager is None:
                 manager = EngineManager(self.store, self.data_dir, spec, self.transport)
                 self._managers[name] = manager
-            elif manager.spec != spec and not manager.alive():
-                manager.spec = spec
+                return manager
+        manager.take_spec(spec)
         return manager
 
     def _wanted(self) -> list[tuple[str, str]]:

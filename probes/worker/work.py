@@ -96,8 +96,8 @@ def engine_start(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     name = _engine_name(run)
     spec = _requested_spec(work, run, name)
     with _acting(work.engines.manager(name, spec), run) as manager:
-        manager.start(wait=False)
-        q.mark_started(work.store, name, manager.spec.model_dump())
+        manager.start(wait=False, spec=spec)
+        q.mark_started(work.store, name, spec.model_dump())
         manager.wait_healthy()
         return asdict(manager.state)
 
@@ -125,8 +125,10 @@ def _restart(work: WorkQueue, run: RunRow, name: str, spec: EngineSpec) -> Engin
         manager.stop(reason="stopped for a restart")
     with _acting(work.engines.manager(name, spec), run) as manager:
         manager.state.restarts += 1
-        manager.start(wait=False)
-        q.mark_started(work.store, name, manager.spec.model_dump())
+        # `spec` passed again: a supervision pass may have set the spec last started
+        # between these two lines (the engine was down), and the restart must run this one.
+        manager.start(wait=False, spec=spec)
+        q.mark_started(work.store, name, spec.model_dump())
         manager.wait_healthy()
         return manager
 

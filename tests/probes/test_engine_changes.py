@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from planner.errors import Forbidden, InvalidInput
 from probes.engine import changes
+from probes.engine.manager import EngineManager
 from probes.worker import work
 from probes.worker.engines import EngineRegistry
 from storage import dashboards
@@ -240,6 +241,34 @@ def test_a_saved_change_waits_for_a_start_crash_restarts_run_the_spec_as_started
     by = {(e.kind, e.actor) for e in q.events(store, 0, time.time() + 1)}
     assert ("engine_starting", str(OPERATOR)) in by and ("engine_stopped", str(OPERATOR)) in by
     assert ("engine_starting", None) in by  # the crash restart
+
+
+def test_a_restart_runs_the_saved_spec_though_supervision_passes_while_it_is_down(
+    store: Engine,
+    settings: Settings,
+    saved: dict[str, Any],
+    registry: EngineRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Supervision sets a stopped engine's manager to the spec last started. A pass that
+    fell between a restart's stop and its start (once in CI, beside the CPU hog) launched
+    the engine, or recorded it, with the old spec; the restart must run the saved one."""
+    _handle(store, registry, changes.start_engine(store, OPERATOR, "fake").id)
+    changes.configure_engine(store, ADMIN, saved | {"max_num_seqs": 7}, settings.data_dir)
+    start = EngineManager.start
+
+    def start_after_a_supervision_pass(manager: EngineManager, *args: Any, **kw: Any) -> Any:
+        registry.manager("fake")  # what supervise() does first: reads the spec last started
+        return start(manager, *args, **kw)
+
+    monkeypatch.setattr(EngineManager, "start", start_after_a_supervision_pass)
+    _handle(store, registry, changes.restart_engine(store, OPERATOR, "fake", "fake").id)
+    argv = _argv(settings)
+    assert argv[argv.index("--max-num-seqs") + 1] == "7"
+    assert registry["fake"].spec.max_num_seqs == 7
+    assert q.get_started_spec(store, "fake") == q.get_engine_spec(store, "fake")[0]
+    registry.supervise()  # and a pass once it runs leaves it so
+    assert registry["fake"].spec.max_num_seqs == 7
 
 
 def test_keep_running_is_the_owners_start_for_the_next_worker(
