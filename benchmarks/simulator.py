@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 import tracemalloc
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
-from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
+from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import Calibration, LoadRun, host_speed, tune
 from planner.simulate.engine import HostSpeed
 from planner.simulate.roofline import roofline_cost
@@ -237,6 +238,18 @@ def calibrated_workload(
     return scenario, round(share * capacity_rps(scenario), 2)
 
 
+def speed_as_run(
+    requests: Sequence[SimRequest],
+    config: EngineConfig,
+    cost: StepCost,
+    measured: Sequence[tuple[float, float]],
+) -> HostSpeed | None:
+    """The host's speed window by window, in the run's own order (`host_speed`), read
+    against a replay of the run at one speed: to replay the run at the speed it had."""
+    flat = {id(r.request): r for r in simulate(requests, config, cost)}
+    return host_speed(requests, flat, measured)[1]
+
+
 def measure(
     worker: Worker,
     request: injection.Request,
@@ -275,8 +288,8 @@ def measure(
         cal, traffic, rate, *tune_figures(LoadRun.model_validate(run.summary), rate),
         steps=calibration.steps_of(worker.store, run.id).steps, config=scenario.config,
     )  # fmt: skip
-    flat = {id(r.request): r for r in simulate(traffic, scenario.config, own.cost())}
-    as_run = host_speed(traffic, flat, q.replayed_latencies(worker.store, run.id))[1]
+    measured = q.replayed_latencies(worker.store, run.id)
+    as_run = speed_as_run(traffic, scenario.config, own.cost(), measured)
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
     mine = _drawn(tuned, rate, traffic, as_run)
     recent = None if again is None else _drawn(measured_by(scenario, again), rate, traffic)

@@ -27,11 +27,12 @@ from benchmarks.simulator import (
     WORKLOADS,
     calibrate,
     calibrated_workload,
+    speed_as_run,
     started_config,
     tune_figures,
 )
 from planner.simulate import EngineConfig, EngineStats, SimRequest, simulate
-from planner.simulate.calibrate import Calibration, LoadRun, host_speed, tune
+from planner.simulate.calibrate import Calibration, LoadRun, tune
 from planner.simulate.steps import ObservedStep
 from planner.simulate.whatif import replay
 from probes.kinds import calibration
@@ -115,23 +116,18 @@ def _replayed(
     request `measured` (TTFT, E2E), at the host's speed the run had, window by window
     (`host_speed`: what the calibration draws from, here in the run's own order)."""
     own = tune(cal, requests, rate, *figures, steps=steps, config=tuned_on)
-    speed = None
-    if measured is not None:
-        flat = {id(r.request): r for r in simulate(requests, runs_on, own.cost())}
-        speed = host_speed(requests, flat, measured)[1]
+    speed = None if measured is None else speed_as_run(requests, runs_on, own.cost(), measured)
     stats = EngineStats()
     results = [
         r for r in simulate(requests, runs_on, own.cost(), stats, speed=speed) if not r.refused
     ]
-    ttft = np.array([r.ttft_s for r in results], dtype=float) + own.request_s
     e2e = np.array([r.e2e_s for r in results], dtype=float) + own.request_s
-    by_request = {
-        id(r.request): np.nan if r.ttft_s is None else r.ttft_s + own.request_s for r in results
-    }
+    by_request = {id(r.request): r.ttft_s for r in results}
+    ttfts = np.array([by_request.get(id(r)) for r in requests], dtype=float) + own.request_s
     return _Replay(
         stats.preemptions,
-        np.array([by_request.get(id(r), np.nan) for r in requests], dtype=float),
-        [float(np.percentile(ttft, p)) for p in QUANTILES],
+        ttfts,
+        [float(np.nanpercentile(ttfts, p)) for p in QUANTILES],
         float(np.percentile(e2e, 99)),
         own.load_scale,
         own.request_s,
