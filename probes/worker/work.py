@@ -96,9 +96,7 @@ def engine_start(work: WorkQueue, run: RunRow) -> dict[str, Any]:
     name = _engine_name(run)
     spec = _requested_spec(work, run, name)
     with _acting(work.engines.manager(name, spec), run) as manager:
-        manager.start(wait=False, spec=spec)
-        q.mark_started(work.store, name, spec.model_dump())
-        manager.wait_healthy()
+        _run(work, manager, name, spec)
         return asdict(manager.state)
 
 
@@ -125,12 +123,17 @@ def _restart(work: WorkQueue, run: RunRow, name: str, spec: EngineSpec) -> Engin
         manager.stop(reason="stopped for a restart")
     with _acting(work.engines.manager(name, spec), run) as manager:
         manager.state.restarts += 1
-        # `spec` passed again: a supervision pass may have set the spec last started
-        # between these two lines (the engine was down), and the restart must run this one.
-        manager.start(wait=False, spec=spec)
-        q.mark_started(work.store, name, spec.model_dump())
-        manager.wait_healthy()
+        _run(work, manager, name, spec)
         return manager
+
+
+def _run(work: WorkQueue, manager: EngineManager, name: str, spec: EngineSpec) -> None:
+    """Launch `spec`, record it as the spec last started, wait until healthy. `spec` is
+    handed to the start itself: a supervision pass may have set the manager to the spec
+    last started since the caller took it (the engine was down), and this one must run."""
+    manager.start(wait=False, spec=spec)
+    q.mark_started(work.store, name, spec.model_dump())
+    manager.wait_healthy()
 
 
 def run_probe(work: WorkQueue, run: RunRow) -> dict[str, Any]:
