@@ -26,11 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.simulator import ENGINE, FIXED, calibrate, started_config
+from benchmarks.simulator import (
+    ENGINE,
+    WORKLOADS,
+    Workload,
+    calibrate,
+    calibrated_workload,
+    started_config,
+)
 from planner.simulate import SimRequest, simulate
-from planner.simulate.setup import measured_by
-from planner.simulate.whatif import Scenario, capacity_rps, replay
-from planner.workload import parse_profile
+from planner.simulate.whatif import replay
 from probes.worker import Worker
 from storage import queries as q
 from tests.support import injection
@@ -40,15 +45,18 @@ FOLLOW_S = 0.020  # arrivals this soon after a request are its followers
 QUIET_S = 0.006  # a replayed queue under this is none
 # Followers: the rows' lower bounds (each row up to the next).
 FOLLOWERS = (0, 1, 2, 3, 4, 6, 9)
+# The fidelity benchmark's workloads, as it runs them.
+BELOW, BURSTY = WORKLOADS[0], WORKLOADS[3]
 
 
-def _run(worker: Worker, request: injection.Request, rate: float, arrival: str,
-         cv: float, seed: int) -> tuple[list[SimRequest], np.ndarray]:  # fmt: skip
+def _run(worker: Worker, request: injection.Request, workload: Workload, rate: float,
+         seed: int) -> tuple[list[SimRequest], np.ndarray]:  # fmt: skip
     """One latency run: its answered requests as traffic to replay, by send time, and
     their measured TTFTs in the same order."""
+    _, profile, _, arrival, cv, _ = workload
     run = request(
         "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=40.0,
-        arrival=arrival, cv=cv, profile=FIXED, request_timeout_s=300, seed=seed,
+        arrival=arrival, cv=cv, profile=profile, request_timeout_s=300, seed=seed,
     )  # fmt: skip
     if run.status != "done":
         raise SystemExit(f"the run at {rate:g} req/s ended {run.status}: {run.error}")
@@ -66,15 +74,12 @@ def main() -> None:
         cal = calibrate(worker, request)
         print(cal.describe(), flush=True)
         config = started_config(worker)
-        base = Scenario(config=config, cost=cal.cost(), profile=parse_profile(FIXED),
-                        requests=400, source="calibrated")  # fmt: skip
-        capacity = capacity_rps(measured_by(base, cal))
-        runs = [(f"bursty, seed {s}", 0.5, "gamma", 3.0, s) for s in args.seeds]
-        runs.append(("below the knee, seed 7", 0.25, "poisson", 1.0, 7))
+        runs = [(f"bursty, seed {s}", BURSTY, s) for s in args.seeds]
+        runs.append(("below the knee, seed 7", BELOW, 7))
         measured = {}
-        for name, share, arrival, cv, seed in runs:
-            rate = round(share * capacity, 2)
-            measured[name] = (rate, *_run(worker, request, rate, arrival, cv, seed))
+        for name, workload, seed in runs:
+            _, rate = calibrated_workload(config, cal, workload)
+            measured[name] = (rate, *_run(worker, request, workload, rate, seed))
     print()
     print("| run | rate/s | followers within 20 ms | requests | TTFT median: measured | "
           "simulated | difference (ms) |")  # fmt: skip

@@ -64,7 +64,8 @@ LONG = {"kind": "fixed", "prompt_tokens": 256, "output_tokens": 512}
 # is 1.25 times the simulator's capacity: 1.05 (runs P-AG) was past the engine's knee only
 # while the load generator counted prompts during the run, and at the knee itself each per
 # cent of capacity is a fifth of the TTFT (docs/simulator.md).
-WORKLOADS: list[tuple[str, dict[str, Any], float, str, float, bool]] = [
+Workload = tuple[str, dict[str, Any], float, str, float, bool]
+WORKLOADS: list[Workload] = [
     ("below the knee", FIXED, 0.25, "poisson", 1.0, False),
     ("above the knee", FIXED, 1.25, "poisson", 1.0, False),
     ("another length mix", MIXED, 0.6, "poisson", 1.0, False),
@@ -220,7 +221,7 @@ def rows(
 def calibrated_workload(
     config: EngineConfig,
     cal: Calibration,
-    workload: tuple[str, dict[str, Any], float, str, float, bool],
+    workload: Workload,
 ) -> tuple[Scenario, float]:
     """A workload on the engine `config` as `cal` measured it, and its rate: the workload's
     share of that scenario's capacity."""
@@ -254,7 +255,7 @@ def measure(
     worker: Worker,
     request: injection.Request,
     cal: Calibration,
-    workload: tuple[str, dict[str, Any], float, str, float, bool],
+    workload: Workload,
     duration_s: float,
     tally: list[int],
     retuned: list[int] | None = None,
