@@ -203,7 +203,8 @@ class Scenario:
     source: str = "roofline"
     # The API's own time (HTTP, tokenising), added once to TTFT and E2E (a calibrated fit).
     api_s: float = 0.0
-    # A calibration's relative fit error (10th, 90th percentile): widens the seeds' interval.
+    # A calibration's relative fit error (10th, 90th percentile): each seed of an interval
+    # draws its step cost's drift from it (`drift`).
     residuals: tuple[float, float] | None = None
     # Flag predictions past the longest prompt and the largest batch a calibrated cost was
     # fitted on; None for a roofline, which has no range.
@@ -386,14 +387,33 @@ class _Tally:
 SPEED_DRAWS = 4096
 
 
-def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
+def _host_speed(factors: Sequence[float], seed: int, drift: float = 1.0) -> HostSpeed | None:
     """Each window's speed drawn with replacement from a calibration's (a bootstrap of the
-    host's speed, as the noise is of its stalls); None without a calibration's."""
+    host's speed, as the noise is of its stalls), times a whole run's `drift`; None
+    without either."""
     if not factors:
-        return None
+        return None if drift == 1.0 else HostSpeed(SPEED_WINDOW_S, (drift,))
     rng = np.random.default_rng([seed, 4])
     drawn = np.asarray(factors, dtype=float)[rng.integers(len(factors), size=SPEED_DRAWS)]
-    return HostSpeed(SPEED_WINDOW_S, tuple(drawn.tolist()))
+    return HostSpeed(SPEED_WINDOW_S, tuple((drawn * drift).tolist()))
+
+
+def drift(residuals: tuple[float, float] | None, seed: int) -> float:
+    """A run's step-cost factor drawn with its seed from a calibration's fit error (10th and
+    90th percentiles of measured / fitted - 1): the fit itself half the time, off by at
+    least the 10th or the 90th percentile's error one time in ten each, the quantiles
+    linear between (to 1.25 times those errors at the ends). 1 without a calibration.
+
+    Why through the steps and not on the p99: the fit's measurements were made minutes
+    apart on the host the engine runs on, so their spread is how far a step's cost moves
+    between a calibration and a run; past the knee each per cent of it moves the queue,
+    and the p99 with it, by several."""
+    if residuals is None:
+        return 1.0
+    low, high = min(residuals[0], 0.0), max(residuals[1], 0.0)
+    u = float(np.random.default_rng([seed, 5]).random())
+    off = low * (0.5 - u) / 0.4 if u < 0.5 else high * (u - 0.5) / 0.4
+    return max(1.0 + off, 0.05)
 
 
 def capacity_rps(scenario: Scenario) -> float:
@@ -422,12 +442,14 @@ def predict(
     capacity: float | None = None,
     requests: Sequence[SimRequest] | None = None,
     speed: HostSpeed | None = None,
+    drift: float = 1.0,
 ) -> Prediction:
     """One simulated run of `scenario.count(rate)` requests at `rate` requests/s, or of the
     given `requests` (a replay; `rate` then only labels it). `capacity` (requests/s, from
     `capacity_rps`) can be passed in when several rates share it. `speed`: the host's speed
     window by window as a replayed run had it (`calibrate.host_speed`), instead of windows
-    drawn from the scenario's."""
+    drawn from the scenario's; `drift`: every step's cost times this (`drift()`), with the
+    windows drawn."""
     arrival = scenario.arrivals(rate)
     capacity = capacity if capacity is not None else capacity_rps(scenario)
     n = scenario.count(rate)
@@ -445,7 +467,7 @@ def predict(
         stats,
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
-        speed=speed or _host_speed(scenario.speed, seed),
+        speed=speed or _host_speed(scenario.speed, seed, drift),
     )
     for r in results:
         longest_prompt = max(longest_prompt, r.request.prompt_tokens)
@@ -542,31 +564,33 @@ class RatePoint(_Out):
 MIN_SEEDS = 9
 
 
-def _interval(values: list[float | None], residuals: tuple[float, float] | None) -> Interval | None:
-    """The seeds' order statistics that hold another seed's value at least 80 % of the time,
-    widened by a calibration's fit error."""
+def _interval(values: list[float | None]) -> Interval | None:
+    """The seeds' order statistics that hold another seed's value at least 80 % of the time."""
     xs = sorted(v for v in values if v is not None)
     n = len(xs)
     if n < MIN_SEEDS:
         return None
     j = max(1, math.floor(0.1 * (n + 1)))
-    lo, hi = xs[j - 1], xs[n - j]
-    if residuals is not None:
-        lo, hi = lo * (1 + min(residuals[0], 0.0)), hi * (1 + max(residuals[1], 0.0))
-    return Interval(low=float(lo), high=float(hi), seeds=len(xs))
+    return Interval(low=float(xs[j - 1]), high=float(xs[n - j]), seeds=len(xs))
 
 
 def sweep(scenario: Scenario, rates: list[float], seeds: int = 1) -> list[RatePoint]:
-    """Predictions at each rate; with several seeds, an 80 % interval on p99 TTFT and E2E."""
+    """Predictions at each rate (seed 0, the calibrated cost as fitted); with several seeds,
+    an 80 % interval on p99 TTFT and E2E from runs that each also draw their step cost's
+    drift from the calibration's fit error (`drift`)."""
     points = []
     capacity = capacity_rps(scenario)
     for rate in rates:
-        runs = [predict(scenario, rate, seed, capacity) for seed in range(max(seeds, 1))]
+        first = predict(scenario, rate, 0, capacity)
+        runs = [first] if seeds < MIN_SEEDS else [
+            predict(scenario, rate, seed, capacity, drift=drift(scenario.residuals, seed))
+            for seed in range(seeds)
+        ]  # fmt: skip
         points.append(
             RatePoint(
-                prediction=runs[0],
-                ttft_p99=_interval([p.ttft_s.p99 for p in runs], scenario.residuals),
-                e2e_p99=_interval([p.e2e_s.p99 for p in runs], scenario.residuals),
+                prediction=first,
+                ttft_p99=_interval([p.ttft_s.p99 for p in runs]),
+                e2e_p99=_interval([p.e2e_s.p99 for p in runs]),
             )
         )
     return points

@@ -211,7 +211,7 @@ def test_the_interval_holds_another_seeds_p99_four_times_in_five(seeds: int) -> 
     held = 0
     for _ in range(trials):
         xs = rng.lognormal(0.0, 0.6, seeds + 1)
-        got = whatif._interval(list(xs[:-1]), None)
+        got = whatif._interval(list(xs[:-1]))
         assert got is not None
         held += got.low <= xs[-1] <= got.high
     j = max(1, (seeds + 1) // 10)
@@ -219,6 +219,32 @@ def test_the_interval_holds_another_seeds_p99_four_times_in_five(seeds: int) -> 
     # Four standard deviations of a binomial share over 4,000 trials: about +-2.6 %.
     assert abs(held / trials - expected) < 4 * (expected * (1 - expected) / trials) ** 0.5
     assert held / trials >= 0.78
+
+
+def test_a_runs_drift_is_drawn_from_the_calibrations_fit_error() -> None:
+    draws = np.array([whatif.drift((-0.06, 0.12), seed) for seed in range(4000)])
+    # One run in ten at least the 10th percentile's error below, one in ten the 90th's above.
+    assert np.mean(draws <= 0.94) == pytest.approx(0.10, abs=0.015)
+    assert np.mean(draws >= 1.12) == pytest.approx(0.10, abs=0.015)
+    assert np.median(draws) == pytest.approx(1.0, abs=0.005)
+    assert draws.min() >= 1 - 1.25 * 0.06 and draws.max() <= 1 + 1.25 * 0.12
+    assert whatif.drift(None, 3) == 1.0 and whatif.drift((0.0, 0.0), 3) == 1.0
+
+
+def test_past_the_knee_the_fit_error_widens_the_interval_through_the_queue() -> None:
+    """The fit error moves every step, so past the knee, where the queue grows by what the
+    engine falls behind, a 10 % error moves the p99 by far more than 10 %: the interval
+    draws it through the simulation, not on the p99."""
+    what = Scenario(CONFIG, COST, FixedProfile(prompt_tokens=256, output_tokens=64), 400)
+    rate = 1.25 * capacity_rps(what)
+    bare = sweep(what, [rate], seeds=19)[0]
+    fitted = sweep(replace(what, residuals=(-0.1, 0.1)), [rate], seeds=19)[0]
+    assert bare.ttft_p99 is not None and fitted.ttft_p99 is not None
+    assert fitted.prediction == bare.prediction  # (the point prediction is the fit's)
+    spread = fitted.ttft_p99.high / fitted.ttft_p99.low
+    assert spread > 1.5 * (bare.ttft_p99.high / bare.ttft_p99.low) * (1.1 / 0.9)
+    point = bare.prediction.ttft_s.p99
+    assert point is not None and fitted.ttft_p99.low < point < fitted.ttft_p99.high
 
 
 def test_settings_take_the_engine_specs_and_the_probes_names() -> None:
