@@ -9,8 +9,8 @@ calibration's or the host's drift), and re-tuned on the engine just
 before the run (`kvscope simulate calibrate --retune`: the calibration's drift over a
 minute, not over the benchmark's ten); and on 19 fresh draws of the
 same profile and rate (the seeds' 80 % interval on p99 TTFT: the second lowest to the
-second highest, widened by the calibration's
-fit error: does it cover the measurement?). Prints one row per workload
+second highest, each seed's step cost drifting by a draw of the calibration's
+fit error and host speed: does it cover the measurement?). Prints one row per workload
 and figure, with the issue's targets and whether each is met. The two workloads at the knee
 run twice, and the second run is scored against the first as a prediction would be: how
 near the engine comes to itself on this machine.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -221,14 +222,22 @@ def test_the_interval_holds_another_seeds_p99_four_times_in_five(seeds: int) -> 
     assert held / trials >= 0.78
 
 
-def test_a_runs_drift_is_drawn_from_the_calibrations_fit_error() -> None:
-    draws = np.array([whatif.drift((-0.06, 0.12), seed) for seed in range(4000)])
+def test_a_runs_drift_is_drawn_from_the_calibrations_fit_error_and_host_speed() -> None:
+    fitted = Scenario(CONFIG, COST, FIXED, 100, residuals=(-0.06, 0.12))
+    draws = np.array([whatif.drift(fitted, seed) for seed in range(4000)])
     # One run in ten at least the 10th percentile's error below, one in ten the 90th's above.
     assert np.mean(draws <= 0.94) == pytest.approx(0.10, abs=0.015)
     assert np.mean(draws >= 1.12) == pytest.approx(0.10, abs=0.015)
     assert np.median(draws) == pytest.approx(1.0, abs=0.005)
     assert draws.min() >= 1 - 1.25 * 0.06 and draws.max() <= 1 + 1.25 * 0.12
-    assert whatif.drift(None, 3) == 1.0 and whatif.drift((0.0, 0.0), 3) == 1.0
+    # A whole run at one of the host's windows: each about as often as the others.
+    windows = replace(fitted, residuals=None, speed=(0.9, 1.0, 1.1))
+    counts = Counter(whatif.drift(windows, seed) for seed in range(3000))
+    assert set(counts) == {0.9, 1.0, 1.1} and min(counts.values()) > 900
+    both = np.array([whatif.drift(replace(fitted, speed=(0.9, 1.1)), s) for s in range(4000)])
+    assert np.std(both) > np.std(draws)
+    assert whatif.drift(replace(fitted, residuals=None), 3) == 1.0
+    assert whatif.drift(replace(fitted, residuals=(0.0, 0.0)), 3) == 1.0
 
 
 def test_past_the_knee_the_fit_error_widens_the_interval_through_the_queue() -> None:
