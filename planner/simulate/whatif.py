@@ -387,15 +387,19 @@ class _Tally:
 SPEED_DRAWS = 4096
 
 
-def _host_speed(factors: Sequence[float], seed: int, drift: float = 1.0) -> HostSpeed | None:
+def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
     """Each window's speed drawn with replacement from a calibration's (a bootstrap of the
-    host's speed, as the noise is of its stalls), times a whole run's `drift`; None
-    without either."""
+    host's speed, as the noise is of its stalls); None without a calibration's."""
     if not factors:
-        return None if drift == 1.0 else HostSpeed(SPEED_WINDOW_S, (drift,))
+        return None
     rng = np.random.default_rng([seed, 4])
     drawn = np.asarray(factors, dtype=float)[rng.integers(len(factors), size=SPEED_DRAWS)]
-    return HostSpeed(SPEED_WINDOW_S, tuple((drawn * drift).tolist()))
+    return HostSpeed(SPEED_WINDOW_S, tuple(drawn.tolist()))
+
+
+# The fit error's quantile function (`drift`): through its 10th and 90th percentiles and
+# the fit itself at the median, on to 1.25 times those errors at the ends.
+_FIT_QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
 
 
 def drift(scenario: Scenario, seed: int) -> float:
@@ -415,11 +419,17 @@ def drift(scenario: Scenario, seed: int) -> float:
     rng = np.random.default_rng([seed, 5])
     if scenario.residuals is not None:
         low, high = min(scenario.residuals[0], 0.0), max(scenario.residuals[1], 0.0)
-        u = float(rng.random())
-        factor += low * (0.5 - u) / 0.4 if u < 0.5 else high * (u - 0.5) / 0.4
+        errors = (1.25 * low, low, 0.0, high, 1.25 * high)
+        factor += float(np.interp(rng.random(), _FIT_QUANTILES, errors))
     if scenario.speed:
         factor *= float(scenario.speed[int(rng.integers(len(scenario.speed)))])
     return max(factor, 0.05)
+
+
+def _drifted(scenario: Scenario, seed: int) -> Scenario:
+    """`scenario` with its step cost times the seed's `drift` (itself where that is 1)."""
+    factor = drift(scenario, seed)
+    return scenario if factor == 1.0 else replace(scenario, cost=scenario.cost.scaled(factor))
 
 
 def capacity_rps(scenario: Scenario) -> float:
@@ -448,14 +458,12 @@ def predict(
     capacity: float | None = None,
     requests: Sequence[SimRequest] | None = None,
     speed: HostSpeed | None = None,
-    drift: float = 1.0,
 ) -> Prediction:
     """One simulated run of `scenario.count(rate)` requests at `rate` requests/s, or of the
     given `requests` (a replay; `rate` then only labels it). `capacity` (requests/s, from
     `capacity_rps`) can be passed in when several rates share it. `speed`: the host's speed
     window by window as a replayed run had it (`calibrate.host_speed`), instead of windows
-    drawn from the scenario's; `drift`: every step's cost times this (`drift()`), with the
-    windows drawn."""
+    drawn from the scenario's."""
     arrival = scenario.arrivals(rate)
     capacity = capacity if capacity is not None else capacity_rps(scenario)
     n = scenario.count(rate)
@@ -473,7 +481,7 @@ def predict(
         stats,
         sample_every_s=expected_s / TIMELINE_POINTS,
         itl=itl.add_many,
-        speed=speed or _host_speed(scenario.speed, seed, drift),
+        speed=speed or _host_speed(scenario.speed, seed),
     )
     for r in results:
         longest_prompt = max(longest_prompt, r.request.prompt_tokens)
@@ -583,15 +591,17 @@ def _interval(values: list[float | None]) -> Interval | None:
 def sweep(scenario: Scenario, rates: list[float], seeds: int = 1) -> list[RatePoint]:
     """Predictions at each rate (seed 0, the calibrated cost as fitted); with several seeds,
     an 80 % interval on p99 TTFT and E2E from runs that each also draw their step cost's
-    drift from the calibration's fit error (`drift`)."""
+    drift from the calibration's fit error and host speed (`drift`)."""
     points = []
     capacity = capacity_rps(scenario)
+    # (The same drifts at every rate; seed 0 with none, a roofline's, is the prediction.)
+    drifted = [_drifted(scenario, seed) for seed in range(seeds)] if seeds >= MIN_SEEDS else []
     for rate in rates:
         first = predict(scenario, rate, 0, capacity)
-        runs = [first] if seeds < MIN_SEEDS else [
-            predict(scenario, rate, seed, capacity, drift=drift(scenario, seed))
-            for seed in range(seeds)
-        ]  # fmt: skip
+        runs = [
+            first if seed == 0 and what is scenario else predict(what, rate, seed, capacity)
+            for seed, what in enumerate(drifted)
+        ] or [first]
         points.append(
             RatePoint(
                 prediction=first,
