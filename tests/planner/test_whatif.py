@@ -256,6 +256,39 @@ def test_past_the_knee_the_fit_error_widens_the_interval_through_the_queue() -> 
     assert point is not None and fitted.ttft_p99.low < point < fitted.ttft_p99.high
 
 
+def test_each_interval_seed_draws_the_calibrations_pools_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's noise, speed windows and queued spread are one tuning run's sample, and a
+    p99 is its few worst requests: each seed of an interval draws its pools again, so that
+    a pool's tail counts for what one run showed, not for the host's."""
+    stalls = tuple((0.3, 0.3) if i % 50 == 0 else (0.001, 0.001) for i in range(200))
+    fitted = Scenario(
+        CONFIG, COST, FIXED, 100, residuals=(-0.05, 0.05), noise=stalls,
+        queued_tpot=(0.8, 1.0, 1.3), speed=(0.9, 1.0, 1.1, 1.2),
+    )  # fmt: skip
+    drawn = [whatif.redrawn(fitted, seed) for seed in range(400)]
+    counts = np.array([sum(n == (0.3, 0.3) for n in d.noise) for d in drawn])
+    assert all(len(d.noise) == 200 and set(d.noise) <= set(stalls) for d in drawn)
+    assert counts.mean() == pytest.approx(4, abs=0.3) and counts.min() <= 1 and counts.max() >= 8
+    assert all(len(d.speed) == 4 and set(d.speed) <= set(fitted.speed) for d in drawn)
+    assert len({d.speed for d in drawn}) > 20 and len({d.queued_tpot for d in drawn}) > 5
+    assert len({d.cost for d in drawn}) == 400  # (each with its own drift)
+    roofline = Scenario(CONFIG, COST, FIXED, 100)
+    assert whatif.redrawn(roofline, 3) is roofline
+    # A heavy-tailed pool: the seeds' p99s spread wider with the pools drawn again.
+    tail = np.random.default_rng(0).lognormal(-4, 1.5, 200)
+    heavy = Scenario(
+        CONFIG, COST, FixedProfile(prompt_tokens=256, output_tokens=8), 250,
+        noise=tuple((float(x), float(x)) for x in tail),
+    )  # fmt: skip
+    again = sweep(heavy, [2.0], seeds=39)[0].ttft_p99
+    monkeypatch.setattr(whatif, "_resample", lambda pool, rng: tuple(pool))
+    kept = sweep(heavy, [2.0], seeds=39)[0].ttft_p99
+    assert again is not None and kept is not None
+    assert again.high / again.low > 1.1 * (kept.high / kept.low)
+
+
 def test_settings_take_the_engine_specs_and_the_probes_names() -> None:
     s = parse_settings(["kv_cache_dtype=fp8", "max-num-seqs=32", "enable_chunked_prefill=false"])
     assert (s.kv_cache_dtype, s.max_num_seqs, s.enable_chunked_prefill) == ("fp8", 32, False)
