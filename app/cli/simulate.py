@@ -1,6 +1,8 @@
 """`kvscope simulate`: the tail a model on a GPU would show at a rate, before you have it;
 `kvscope simulate calibrate --target NAME`: fit the step cost to an engine kvscope manages
-(`--retune`: make only the fit's tuning run again, when the machine's speed has moved).
+(`--retune`: make only the fit's tuning run again, when the machine's speed has moved);
+`kvscope simulate check --target NAME`: replay a later latency run at the calibration's
+cost and keep how far its steps drifted (the interval draws from those).
 
 A Typer group whose callback simulates when no subcommand is given; app/cli/__init__.py
 registers it as `simulate`. Scenarios come from `planner.simulate.setup` (the same ones the
@@ -148,7 +150,7 @@ def simulate(
         stored, now = _stored_calibration(target), time.time()
         what = calibrated_scenario(stored, settings, loaded, slo, now=now)
         title, accounting = f"target {target} (calibrated)", None
-        source_error = stored.fit_error()
+        source_error = stored.measured_error()
         if hint := retune_hint(stored, now):
             typer.echo(hint, err=True)
     else:
@@ -277,3 +279,53 @@ def calibrate(
         return
     typer.echo(fitted.describe(time.time()))
     typer.echo(fitted.quiet_step())
+
+
+@simulate_app.command("check")
+def check(
+    target: str = typer.Option(..., "--target", help="A calibrated engine's target name."),
+    run_id: int | None = typer.Option(
+        None, "--run", help="The latency run to check (default: the newest since the tune)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the check as JSON."),
+) -> None:
+    """Replay a latency run made on the engine since its calibration at the calibration's
+    step cost, and keep how many times as long its steps ran: from three such checks on, a
+    prediction's 80 % interval draws its drift from them."""
+    from probes.kinds import calibration as measurements
+    from storage import queries as q
+    from storage.db import open_store
+
+    config = settings()
+    store = open_store(config.db_url)
+    try:
+        known = q.get_target(store, target)
+        stored = _stored_calibration(target, store)
+        if run_id is None:  # (the newest not checked yet; `check` refuses one before the tune)
+            checked_runs = {c.run for c in stored.checks}
+            done = [
+                r.id
+                for r in q.list_runs(store, kind="latency", limit=500)
+                if r.target_id == known.id
+                and r.status == "done"
+                and measurements.run_label(r.id) not in checked_runs
+            ]
+            if not done:
+                raise InvalidInput(
+                    f"target {target} has no finished latency run that is not checked yet: "
+                    f"run kvscope probe latency --target {target}"
+                )
+            run_id = done[0]
+        engine = measurements.engine_of(store, known, stored, config.data_dir)
+        checked = measurements.check(store, stored, run_id, engine)
+        q.put_state(store, CALIBRATION_KEY.format(target), checked.model_dump(mode="json"))
+    finally:
+        store.dispose()
+    made = checked.checks[-1]
+    if as_json:
+        typer.echo(made.model_dump_json(indent=2))
+        return
+    typer.echo(
+        f"{made.run}: its steps ran x{made.drift:.2f} as long as the calibration says; "
+        f"{checked.describe(time.time())}"
+    )

@@ -234,6 +234,21 @@ def prefill_samples(records: Iterable[tuple[int | None, float | None]]) -> list[
     ]
 
 
+class Check(BaseModel):
+    """A later open-loop run of the calibrated engine replayed at the calibration's step
+    cost: how many times as long its steps ran (`drift_of`; 1: the calibration held)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: float  # when it was checked (Unix seconds)
+    drift: float = Field(gt=0)
+    run: str  # what ran: "retune", "latency run 12"
+
+
+# The newest checks a calibration keeps.
+MAX_CHECKS = 32
+
+
 class Calibration(BaseModel):
     """Fitted coefficients (seconds), their residuals and the range they were fitted on."""
 
@@ -298,6 +313,9 @@ class Calibration(BaseModel):
     # unmeasured.
     shape_s: float = Field(0.0, ge=0)
     replan_s: float = Field(0.0, ge=0)
+    # Later runs of the engine replayed at this cost (`Check`), oldest first: the drift a
+    # prediction's interval draws once there are MIN_CHECKS (`planner.simulate.whatif.drift`).
+    checks: list[Check] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -349,6 +367,23 @@ class Calibration(BaseModel):
             "percentile)"
         )
 
+    def checks_said(self) -> str | None:
+        """What later runs replayed at this cost said of it (`checks`), or None."""
+        if not self.checks:
+            return None
+        drifts = [c.drift for c in self.checks]
+        many = "s" * (len(drifts) > 1)
+        return (
+            f"{len(drifts)} later run{many} replayed at this cost ran {'their' if many else 'its'} "
+            f"steps x{min(drifts):.2f} to x{max(drifts):.2f} as long (median "
+            f"x{float(np.median(drifts)):.2f})"
+        )
+
+    def measured_error(self) -> str:
+        """Its fit error and, where later runs were checked, how far they drifted."""
+        said = self.checks_said()
+        return self.fit_error() if said is None else f"{self.fit_error()}; {said}"
+
     def describe(self, now: float | None = None) -> str:
         """What it was fitted on and how well; with `now`, how long ago it was measured (the
         machine's speed moves with time, docs/simulator.md)."""
@@ -392,6 +427,8 @@ class Calibration(BaseModel):
                 f", host speed x{low:.2f} to x{high:.2f} over {len(self.speed)} windows of "
                 f"{SPEED_WINDOW_S:g} s"
             )
+        if self.checks:
+            tuned += f"; {self.checks_said()}"
         if now is not None and self.fitted_at is not None:
             tuned += f"; fitted {_ago(now - self.fitted_at)}"
             if self.tuned_at is not None and abs(self.tuned_at - self.fitted_at) > 60:
@@ -404,6 +441,32 @@ class Calibration(BaseModel):
 
 
 STALE_AFTER_S = 3600.0
+
+
+def drift_of(
+    calibration: Calibration,
+    requests: Sequence[SimRequest],
+    tpot_mean_s: float,
+    config: EngineConfig | None = None,
+) -> float:
+    """How many times as long the steps of an open-loop run of `requests` ran as
+    `calibration` says: the scale of its step cost at which a replay of the run on `config`
+    (the engine it ran on; by default the one fitted) gives the run's measured TPOT mean."""
+    config = config or calibration.config()
+    cost = calibration.cost()
+
+    def tpot_mean(k: float) -> float:
+        tpots = [r.tpot_s for r in simulate(requests, config, cost.scaled(k)) if r.tpot_s]
+        if not tpots:
+            raise InvalidInput("the run has no request with two tokens to check it on")
+        return float(np.mean(tpots))
+
+    return _bisect(tpot_mean, tpot_mean_s, 0.125, 8.0, 24, log=True)  # (to 1e-6 of it)
+
+
+def checked(calibration: Calibration, check: Check) -> Calibration:
+    """`calibration` with `check` kept (the newest MAX_CHECKS)."""
+    return calibration.model_copy(update={"checks": [*calibration.checks, check][-MAX_CHECKS:]})
 
 
 def retune_hint(calibration: Calibration, now: float) -> str | None:

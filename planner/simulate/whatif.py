@@ -221,6 +221,9 @@ class Scenario:
     # A calibration's host speed, one factor per window of SPEED_WINDOW_S it measured: a
     # prediction draws each window's from these (seeded).
     speed: tuple[float, ...] = ()
+    # Later runs' drifts against the calibration (`Calibration.checks`): from MIN_CHECKS on,
+    # each seed of an interval draws its step cost's drift from them (`drift`).
+    drifts: tuple[float, ...] = ()
     # Seconds of arrivals instead of a count: a run at rate r then has r x duration_s
     # requests, as a latency probe's window has (a short window that starts empty holds a
     # rate that a long one queues at).
@@ -401,23 +404,37 @@ def _host_speed(factors: Sequence[float], seed: int) -> HostSpeed | None:
 # The fit error's quantile function (`drift`): through its 10th and 90th percentiles and
 # the fit itself at the median, on to 1.25 times those errors at the ends.
 _FIT_QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
+# Later runs' drifts a prediction needs before it draws from them instead (`drift`).
+MIN_CHECKS = 3
 
 
 def drift(scenario: Scenario, seed: int) -> float:
-    """A whole run's step-cost factor against the calibration's, drawn with its seed: the
+    """A whole run's step-cost factor against the calibration's, drawn with its seed; 1
+    without a calibration.
+
+    From MIN_CHECKS later runs' drifts on (`Scenario.drifts`), a draw from what they
+    predict of the next: their log-normal, its centre and spread estimated from them (a
+    Student t with n - 1 degrees of freedom on their log mean and standard deviation times
+    sqrt(1 + 1/n), as a prediction interval of a sample of n is). Before that, the
     calibration's fit error (10th and 90th percentiles of measured / fitted - 1: the fit
     itself half the time, off by at least the 10th or the 90th percentile's error one time
     in ten each, the quantiles linear between and to 1.25 times those errors at the ends)
-    times one window of its host speed. 1 without a calibration.
+    times one window of its host speed.
 
     Why: the calibration and the run are minutes apart on a host whose speed moves, and a
     run's windows drawn one by one average that out. On the CPU engine the calibrated TPOT
-    p50 of eleven benchmark runs (55 workloads) read -13 % to +15 % (10th-90th
-    percentile), where their fit errors spanned about -5 % to +10 % and their windows
-    x0.9 to x1.1. Drawn through the steps, not laid on the p99: past the knee each per
+    p50 of eighteen benchmark runs (90 workloads) read -12 % to +13 % (10th-90th
+    percentile), where a calibration's fit error spanned as little as -2 % to +4 % and its
+    windows x0.97 to x1.04: its own measurements do not say how far the host will move,
+    later runs do. Drawn through the steps, not laid on the p99: past the knee each per
     cent of the cost moves the queue, and the p99, by several."""
-    factor = 1.0
     rng = np.random.default_rng([seed, 5])
+    if len(scenario.drifts) >= MIN_CHECKS:
+        logs = np.log(scenario.drifts)
+        n = len(logs)
+        spread = float(np.std(logs, ddof=1)) * math.sqrt(1 + 1 / n)
+        return max(math.exp(float(logs.mean()) + spread * float(rng.standard_t(n - 1))), 0.05)
+    factor = 1.0
     if scenario.residuals is not None:
         low, high = min(scenario.residuals[0], 0.0), max(scenario.residuals[1], 0.0)
         errors = (1.25 * low, low, 0.0, high, 1.25 * high)

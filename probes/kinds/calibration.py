@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -36,10 +37,13 @@ from planner.simulate.calibrate import (
     SHAPE_PARAMS,
     SWEEP_PARAMS,
     Calibration,
+    Check,
     LoadRun,
     Sweep,
     arrival_cost,
     bursts,
+    checked,
+    drift_of,
     full_batch,
     host_drift,
     load_rate,
@@ -53,7 +57,9 @@ from planner.simulate.calibrate import (
 from planner.simulate.engine import SHAPE_PLANS
 from planner.simulate.steps import Steps, TokenTimes, observed_steps
 from planner.simulate.whatif import replay
+from probes.engine.spec import engine_config, parse_spec
 from storage import queries as q
+from storage.schemas import TargetRow
 
 # Runs one probe against the engine being calibrated: (kind, params) -> (run id, summary).
 RunProbe = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
@@ -128,7 +134,80 @@ def retune(
         )
     rate = stored.tuned_rate or load_rate(stored)
     seed = time.time_ns() % 2**31 if seed is None else seed
-    return _tuned(store, run, stored, rate, seed, say)[0]
+    tuned, made = _tuned(store, run, stored, rate, seed, say)
+    drift = drift_of(stored, made.requests, made.figures[0])
+    say(f"the stored calibration's steps ran x{drift:.2f} as long in the new run")
+    return checked(tuned, Check(at=time.time(), drift=drift, run="retune"))
+
+
+def check(
+    store: Engine,
+    calibration: Calibration,
+    run_id: int,
+    engine: EngineConfig,
+    now: float | None = None,
+) -> Calibration:
+    """`calibration` with a check of a later latency run on `engine` (its target's, as
+    started for the run): how many times as long the run's steps took as the calibration
+    says (`drift_of`). Refused for a run that is not a finished latency run, that ran
+    before the calibration was tuned (its own runs) or that was checked already."""
+    found = q.get_run(store, run_id)
+    label = run_label(run_id)
+    if found.kind != "latency" or found.status != "done":
+        raise InvalidInput(
+            f"run {run_id} is a {found.status} {found.kind} run: a check replays a finished "
+            "latency run"
+        )
+    tuned = calibration.tuned_at or calibration.fitted_at
+    if tuned is not None and (found.started_at or found.created_at) < tuned:
+        raise InvalidInput(
+            f"run {run_id} started before the calibration was tuned: check a latency run "
+            "made after it"
+        )
+    if any(c.run == label for c in calibration.checks):
+        raise InvalidInput(f"run {run_id} was checked already")
+    figures = LoadRun.model_validate(found.summary).tune_figures
+    if figures is None:
+        raise InvalidInput(f"run {run_id} had no request answered with two tokens or more")
+    (requests, _), _ = _replayed(store, run_id)
+    drift = drift_of(calibration, requests, figures[0], engine)
+    return checked(calibration, Check(at=now or time.time(), drift=drift, run=label))
+
+
+def run_label(run_id: int) -> str:
+    """A latency run's name in its calibration's checks (`Check.run`)."""
+    return f"latency run {run_id}"
+
+
+def engine_of(
+    store: Engine, target: TargetRow, calibration: Calibration, data_dir: Path
+) -> EngineConfig:
+    """The engine a target's runs are made on, to replay them (`check`): a managed
+    engine's as last started, or what an attached one was calibrated as."""
+    if not target.managed:
+        return calibration.config()
+    started = q.get_started_spec(store, target.name)
+    return engine_config(parse_spec(started or q.get_engine_spec(store, target.name)[0]), data_dir)
+
+
+def check_finished(store: Engine, run_id: int, data_dir: Path) -> Check | None:
+    """A finished latency run checked against its target's calibration and kept with it
+    (the worker does this after each, so that the checks gather as the engine is probed);
+    None where there is nothing to check: another kind of run, a target without a
+    calibration, a run that `check` refuses (from before the tune, without two tokens)."""
+    found = q.get_run(store, run_id)
+    if found.kind != "latency" or found.target_id is None:
+        return None
+    target = q.get_target(store, found.target_id)
+    calibration = stored(store, target.name)
+    if calibration is None:
+        return None
+    try:
+        made = check(store, calibration, run_id, engine_of(store, target, calibration, data_dir))
+    except InvalidInput:
+        return None
+    q.put_state(store, CALIBRATION_KEY.format(target.name), made.model_dump(mode="json"))
+    return made.checks[-1]
 
 
 # An open-loop run's requests as sent and their measured (TTFT, E2E), in the same order.
@@ -225,7 +304,7 @@ def _tuned(
     rate: float,
     seed: int,
     say: Callable[[str], None],
-) -> tuple[Calibration, Callable[[Calibration], Calibration]]:
+) -> tuple[Calibration, _TuningRun]:
     """`fitted` tuned on an open-loop run at `rate`, made again at half the rate, with
     prompts of its own (`seed` + try), while it queued; and the tune on that run again, of
     a calibration changed since (its steps already fitted on)."""

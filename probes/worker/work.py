@@ -384,3 +384,17 @@ class WorkQueue:
             )
         else:
             self._finish(run, status="done", progress=1.0, summary=summary)
+            if run.kind == "latency":
+                self._check(run)
+
+    def _check(self, run: RunRow) -> None:
+        """A finished latency run checked against its target's calibration
+        (`calibration.check_finished`); one that cannot be checked is logged, and the run
+        stays done."""
+        try:
+            made = calibration.check_finished(self.store, run.id, self.settings.data_dir)
+        except KvscopeError as err:
+            log.warning("run %s was not checked against its calibration: %s", run.id, err)
+        else:
+            if made is not None:
+                log.info("run %s ran the calibration's steps x%.2f as long", run.id, made.drift)

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 import app.cli
 from planner.errors import KvscopeError
 from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from planner.simulate.whatif import traffic
+from planner.workload import Arrival
 from storage import queries as q
 from tests.planner.test_calibrate import CONFIG, samples
 from tests.support.cli import kvscope
@@ -112,3 +114,41 @@ def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
     for retune in ((), ("--retune",)):
         unmanaged = kvscope("simulate", "calibrate", "--target", "cpu", *retune, env_dir=tmp_path)
         assert unmanaged.returncode == 2 and "not an engine kvscope manages" in unmanaged.stderr
+
+
+def test_a_check_replays_the_newest_latency_run_since_the_tune_and_keeps_its_drift(
+    store: Engine, tmp_path: Path
+) -> None:
+    from tests.probes.test_calibration_flow import PROFILE, FakeEngine
+
+    target = q.add_target(store, q.parse_target({"name": "cpu", "base_url": "http://127.0.0.1:1"}))
+    decodes, prefills = samples(noise=0.0)
+    cal = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": time.time() - 60, "tuned_at": time.time() - 60}
+    )
+    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    none = kvscope("simulate", "check", "--target", "cpu", env_dir=tmp_path)
+    assert none.returncode == 2 and "kvscope probe latency --target cpu" in none.stderr
+    engine = FakeEngine(store)
+    arrivals = list(traffic(PROFILE, Arrival(rate=3.0), 90))
+    ids = []
+    for slow in (1.4, 1.2):  # (the newer run the slower one's successor)
+        run = q.request_run(store, "latency", {"rate": 3.0}, target_id=target.id)
+        ttft, tpot = engine.store_requests(run.id, arrivals, slow=slow)
+        summary = {"ttft_s": {"p50": ttft}, "tpot_s": tpot}
+        q.update_run(store, run.id, status="done", summary=summary, started_at=time.time())
+        ids.append(run.id)
+    checks = []
+    for _ in ids:
+        res = kvscope("simulate", "check", "--target", "cpu", "--json", env_dir=tmp_path)
+        assert res.returncode == 0, res.stderr
+        checks.append(json.loads(res.stdout))
+    # The newest first, then the one before it; each kept with the calibration.
+    assert [c["run"] for c in checks] == [f"latency run {i}" for i in reversed(ids)]
+    assert checks[0]["drift"] == pytest.approx(1.2, rel=0.08)
+    assert checks[1]["drift"] == pytest.approx(1.4, rel=0.08)
+    again = kvscope("simulate", "check", "--target", "cpu", "--run", str(ids[0]), env_dir=tmp_path)
+    assert again.returncode == 2 and "was checked already" in again.stderr
+    res = kvscope("simulate", "--target", "cpu", "--rate", "2", "--json", env_dir=tmp_path)
+    doc = json.loads(res.stdout)
+    assert "2 later runs replayed at this cost ran their steps x1." in doc["source_error"]

@@ -6,6 +6,7 @@ again, and an engine that cannot be calibrated refused with every reason."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -17,13 +18,16 @@ from planner.simulate import SimRequest, simulate
 from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
+    MAX_CHECKS,
     SATURATED_PARAMS,
     SHAPE_PARAMS,
     SWEEP_CONTEXT,
+    Check,
     Sweep,
     load_rate,
     saturated_rate,
 )
+from planner.simulate.calibrate import checked as checked_with
 from planner.simulate.engine import HostSpeed
 from planner.simulate.steps import Steps
 from planner.simulate.whatif import Scenario, capacity_rps, traffic
@@ -223,6 +227,36 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
             "arrival_s", "saturated_rate", "load_seq_s", "queued_tpot", "shape_s")  # fmt: skip
     assert {k: getattr(again, k) for k in kept} == {k: getattr(cal, k) for k in kept}
     assert again.tuned_rate == cal.tuned_rate and again.engine == cal.engine
+    # What the stored calibration missed by is kept as a check: its steps ran 1.6 times
+    # as long in the new run.
+    assert not cal.checks and [c.run for c in again.checks] == ["retune"]
+    assert again.checks[0].drift == pytest.approx(1.6, rel=0.1)
+
+
+def test_a_later_latency_run_is_checked_against_the_calibration_once(store: Engine) -> None:
+    engine = FakeEngine(store)
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    cal = cal.model_copy(update={"tuned_at": time.time() - 60})
+    engine.slow = 1.3
+    run_id, summary = engine.run("latency", dict(LOAD_PARAMS, rate=cal.tuned_rate, seed=77))
+    q.update_run(store, run_id, status="done", summary=summary)
+    checked = calibration.check(store, cal, run_id, CONFIG)
+    assert [c.run for c in checked.checks] == [f"latency run {run_id}"]
+    assert checked.checks[0].drift == pytest.approx(1.3, rel=0.05)
+    assert "1 later run replayed at this cost ran its steps x1.3" in checked.describe()
+    with pytest.raises(InvalidInput, match=f"run {run_id} was checked already"):
+        calibration.check(store, checked, run_id, CONFIG)
+    later = cal.model_copy(update={"tuned_at": time.time() + 60})
+    with pytest.raises(InvalidInput, match="started before the calibration was tuned"):
+        calibration.check(store, later, run_id, CONFIG)
+    queued = q.request_run(store, "latency", dict(LOAD_PARAMS, rate=1.0)).id
+    with pytest.raises(InvalidInput, match=f"run {queued} is a queued latency run"):
+        calibration.check(store, cal, queued, CONFIG)
+    # The newest MAX_CHECKS are kept.
+    many = cal
+    for i in range(MAX_CHECKS + 3):
+        many = checked_with(many, Check(at=float(i), drift=1.0 + i / 100, run=f"run {i}"))
+    assert len(many.checks) == MAX_CHECKS and many.checks[-1].run == f"run {MAX_CHECKS + 2}"
 
 
 @pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])

@@ -12,11 +12,17 @@ import numpy as np
 import pytest
 
 from planner.errors import InvalidInput, KvscopeError
+from planner.simulate import SimRequest, simulate
+from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from probes.kinds import calibration
 from probes.worker import Worker, scraping
 from storage import derived as d
 from storage import queries as q
 from storage.schemas import ScrapeLimits
 from storage.settings import Settings
+from tests.planner.test_calibrate import CONFIG, samples
+from tests.support.fake_openai import FakeConfig
+from tests.support.fake_openai import serve as serve_openai
 from tests.support.fake_vllm import FakeVllm, serve
 from tests.support.waiting import wait_until
 
@@ -347,3 +353,36 @@ def test_a_nearly_full_disk_pauses_ingest_and_says_so(settings: Settings) -> Non
     kinds = [e.kind for e in q.events(w.store, 0, time.time() + 1)]
     assert kinds.count("disk_low") == 1 and kinds.count("disk_ok") == 1
     assert worker_status(w.store).disk_warning is None
+
+
+def test_a_latency_run_on_a_calibrated_target_is_checked_against_its_calibration(
+    worker: Worker,
+) -> None:
+    """The worker keeps each finished latency run on a calibrated target as a check: how
+    many times as long as the calibration says the run's steps took."""
+    cal = fit(*samples(), CONFIG).model_copy(
+        update={"target": "cal", "fitted_at": time.time() - 60, "tuned_at": time.time() - 60}
+    )
+    params = {"rate": 5, "duration_s": 2, "prompt_tokens": 32, "output_tokens": 8,
+              "arrival": "constant"}  # fmt: skip
+    with serve_openai(FakeConfig(ttft_s=0.005, itl_s=0.004)) as fake:
+        tid = _add(worker, "cal", fake.url)
+        plain = _add(worker, "plain", fake.url)
+        q.put_state(worker.store, CALIBRATION_KEY.format("cal"), cal.model_dump(mode="json"))
+        runs = [q.request_run(worker.store, "latency", params, target_id=t) for t in (tid, plain)]
+        worker.start()
+
+        def done() -> bool:
+            worker.tick()
+            return all(q.get_run(worker.store, r.id).status == "done" for r in runs)
+
+        wait_until(done, timeout=60, what="the latency runs")
+        worker.stop()
+    found = calibration.stored(worker.store, "cal")
+    assert found is not None and [c.run for c in found.checks] == [f"latency run {runs[0].id}"]
+    # The stand-in answers a token every 4 ms; the calibration says a lone decode step of
+    # its own length takes this long.
+    (alone,) = simulate([SimRequest(0.0, 32, 8)], CONFIG, cal.cost())
+    assert alone.tpot_s is not None
+    assert found.checks[0].drift == pytest.approx(0.004 / alone.tpot_s, rel=0.3)
+    assert calibration.stored(worker.store, "plain") is None
