@@ -255,6 +255,24 @@ def render() -> None:
         st.caption(f"Step cost: {cal.describe(now)}. Past those, a prediction is an extrapolation.")
         if hint := retune_hint(cal, now):
             st.info(hint[0].upper() + hint[1:] + ".")
+        if cal.checks:
+            with st.expander(f"Later runs checked against it ({len(cal.checks)})"):
+                st.caption(
+                    "Each run's requests replayed at the calibrated step cost: how many "
+                    "times as long its steps took. From three on, the p99 interval draws "
+                    "its drift from these."
+                )
+                st.dataframe(
+                    [
+                        {
+                            "checked": time.strftime("%Y-%m-%d %H:%M", time.localtime(c.at)),
+                            "run": c.run,
+                            "steps x": round(c.drift, 3),
+                        }
+                        for c in reversed(cal.checks)
+                    ],
+                    hide_index=True,
+                )
     else:
         st.caption(SOURCE_NOTE)
     with st.expander("The same from a shell"):

@@ -469,17 +469,34 @@ def checked(calibration: Calibration, check: Check) -> Calibration:
     return calibration.model_copy(update={"checks": [*calibration.checks, check][-MAX_CHECKS:]})
 
 
+# Checks since the tune that, all off the same way by more than DRIFTED, call for a
+# retune however young the tune (`retune_hint`).
+DRIFTED_RUNS = 3
+DRIFTED = 0.10
+
+
 def retune_hint(calibration: Calibration, now: float) -> str | None:
-    """What to run when the calibration's tune is over STALE_AFTER_S old, or None: on a
-    shared machine the step scale moved from about x1.2 to x2.0 between sessions."""
+    """What to run when the calibration's tune is over STALE_AFTER_S old (on a shared
+    machine the step scale moved from about x1.2 to x2.0 between sessions), or when the
+    last DRIFTED_RUNS runs checked since it all ran its steps more than DRIFTED longer, or
+    all shorter; None otherwise."""
     tuned = calibration.tuned_at or calibration.fitted_at
+    retune = (
+        f"kvscope simulate calibrate --target {calibration.target or 'NAME'} --retune (under "
+        "a minute) measures it again"
+    )
+    since = [c.drift for c in calibration.checks if tuned is None or c.at > tuned]
+    last = since[-DRIFTED_RUNS:]
+    if len(last) == DRIFTED_RUNS and (min(last) > 1 + DRIFTED or max(last) < 1 - DRIFTED):
+        return (
+            f"the last {DRIFTED_RUNS} runs checked since the tune ran the steps x"
+            f"{min(last):.2f} to x{max(last):.2f} as long as calibrated: {retune}"
+        )
     if tuned is None or now - tuned <= STALE_AFTER_S:
         return None
-    name = calibration.target or "NAME"
     return (
         f"the step cost was tuned {_ago(now - tuned)}, and a machine's speed under load moves "
-        f"with time: kvscope simulate calibrate --target {name} --retune (under a minute) "
-        "measures it again"
+        f"with time: {retune}"
     )
 
 

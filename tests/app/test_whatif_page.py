@@ -6,12 +6,13 @@ import time
 from typing import Any
 
 import pytest
+import streamlit as st
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
 from app.charts import whatif as charts
 from planner.simulate import EngineConfig, StepCost
-from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from planner.simulate.calibrate import CALIBRATION_KEY, Check, fit
 from planner.simulate.whatif import Scenario, sweep
 from planner.workload import get_profile
 from storage import queries as q
@@ -95,3 +96,19 @@ def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
     assert "kvscope simulate --target cpu" in at.code[0].value
     # Its dtype was measured: FP8 KV is not offered beside it.
     assert "FP8 KV cache" not in at.selectbox(key="whatif_variant").options
+    assert not at.expander or all("Later runs checked" not in e.label for e in at.expander)
+    # Runs checked since: each listed, newest first, and the source says how far they ran.
+    ran = [Check(at=tuned + 60 * i, drift=d, run=f"latency run {i}")
+           for i, d in enumerate((1.05, 0.92, 1.18))]  # fmt: skip
+    q.put_state(
+        store,
+        CALIBRATION_KEY.format("cpu"),
+        cal.model_copy(update={"checks": ran}).model_dump(mode="json"),
+    )
+    st.cache_data.clear()  # (the page keeps its calibrations 10 s)
+    at.run()
+    assert not at.exception
+    (listed,) = [e for e in at.expander if e.label == "Later runs checked against it (3)"]
+    assert list(listed.dataframe[0].value["run"]) == ["latency run 2", "latency run 1",
+                                                      "latency run 0"]  # fmt: skip
+    assert any("ran their steps x0.92 to x1.18 as long" in c.value for c in at.caption)

@@ -16,6 +16,7 @@ from planner.simulate.calibrate import (
     SHAPE_PARAMS,
     SWEEP_CONTEXT,
     Calibration,
+    Check,
     DecodeSample,
     LoadRun,
     PrefillSample,
@@ -611,6 +612,19 @@ def test_a_calibration_says_how_long_ago_it_was_fitted_and_tuned() -> None:
     assert "kvscope simulate calibrate --target cpu --retune" in hint
     assert retune_hint(retuned, now) is None and retune_hint(fresh, now) is None
     assert retune_hint(cal, now) is None  # no time on record
+    # However young the tune, three runs checked since, all off the same way, call for one.
+    ran = [Check(at=now - 600 + i, drift=d, run=f"latency run {i}") for i, d in
+           enumerate((1.3, 1.15, 1.12, 1.2))]  # fmt: skip
+    slow = fresh.model_copy(update={"tuned_at": now - 900, "checks": ran, "target": "cpu"})
+    hint = retune_hint(slow, now)
+    assert hint is not None and "ran the steps x1.12 to x1.20 as long as calibrated" in hint
+    assert "--target cpu --retune" in hint
+    mixed = slow.model_copy(
+        update={"checks": [*ran[:3], ran[3].model_copy(update={"drift": 0.95})]}
+    )
+    assert retune_hint(mixed, now) is None
+    before = slow.model_copy(update={"tuned_at": now - 598.5})  # (two of them before the tune)
+    assert retune_hint(before, now) is None
 
 
 def test_the_tune_matches_the_mean_tpot_which_stalls_lengthen_and_the_median_does_not() -> None:
