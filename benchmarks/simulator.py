@@ -325,7 +325,10 @@ def measure(
         name, rate, run.summary, same, (bare, mine, recent), (fit_only, checked), tally,
         (None, None, retuned), len(sized.drifts),
     )  # fmt: skip
-    return run.summary, calibration.check(worker.store, cal, run.id, scenario.config)
+    cal = calibration.check(worker.store, cal, run.id, scenario.config)
+    drifts = ", ".join(f"x{c.drift:.2f}" for c in cal.checks)
+    print(f"| {name} | {rate:g} | the checks so far (retunes and runs) | {drifts} |", flush=True)
+    return run.summary, cal
 
 
 def _drawn(
