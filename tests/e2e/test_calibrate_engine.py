@@ -61,6 +61,8 @@ def test_a_retune_measures_the_engine_again_and_keeps_the_quiet_fit(
     assert again.fitted_at == pytest.approx(old)
     assert again.tuned_rate == 2.0 and again.noise and again.speed
     assert again.load_scale != stored.load_scale  # the real engine is not the made-up fit
+    # How far the stored calibration missed the new run is kept as a check.
+    assert [c.run for c in again.checks] == ["retune"] and again.checks[0].drift != 1.0
     # One open-loop run of the tuning shape at the stored rate, with prompts of its own.
     runs = [r for r in q.list_runs(store, kind="latency") if r.id not in before]
     assert len(runs) == 1 and runs[0].status == "done"
