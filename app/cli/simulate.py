@@ -285,7 +285,7 @@ def calibrate(
 def check(
     target: str = typer.Option(..., "--target", help="A calibrated engine's target name."),
     run_id: int | None = typer.Option(
-        None, "--run", help="The latency run to check (default: the newest since the tune)."
+        None, "--run", help="The latency run to check (default: the newest not checked yet)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the check as JSON."),
 ) -> None:
