@@ -148,11 +148,9 @@ def run_local_probe(
     )
     spec = None
     if known is not None and known.managed:
-        from probes.engine.spec import parse_spec
+        from probes.engine.spec import running_spec
 
-        # What runs: the spec as last started (a saved edit waits for a restart).
-        started = q.get_started_spec(store, known.name)
-        spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
+        spec = running_spec(store, known.name)
     fitted = calibration.stored(store, known.name) if known is not None else None
     runner = StoredRun(store, run.id, on_progress=_Bar())
     try:

@@ -237,7 +237,7 @@ def calibrate(
     """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, an
     open-loop run at 40 % of its capacity and a short one past the knee: a few minutes) and
     fit the simulator's step cost to it; stored for `--target`."""
-    from probes.engine.spec import engine_config, parse_spec
+    from probes.engine.spec import engine_config, running_spec
     from probes.kinds import KINDS
     from probes.kinds import calibration as measurements
     from storage import queries as q
@@ -252,9 +252,7 @@ def calibrate(
                 f"target {target} is not an engine kvscope manages: calibration reads the KV "
                 "blocks and scheduling limits from a managed engine's spec"
             )
-        started = q.get_started_spec(store, known.name)
-        spec = parse_spec(started or q.get_engine_spec(store, known.name)[0])
-        engine = engine_config(spec, config.data_dir)
+        engine = engine_config(running_spec(store, known.name), config.data_dir)
 
         def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             return run_local_probe(KINDS[kind], target, params)

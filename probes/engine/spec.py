@@ -477,17 +477,22 @@ def build_tiny_model(
     return folder
 
 
+def running_spec(store: Engine, name: str) -> EngineSpec:
+    """A managed engine's spec as last started, which is what runs (a saved edit waits for
+    a restart), or as saved where it never was; NotFound without a spec of that name."""
+    from storage import queries as q  # the store's query layer, only when asked
+
+    return parse_spec(q.get_started_spec(store, name) or q.get_engine_spec(store, name)[0])
+
+
 def address(store: Engine, target: TargetRow, allow: Allowlist) -> Target:
     """Where a stored target answers and with which token, read now from the variable named:
     a managed engine's spec (as last started, which is what runs) names its key's variable,
     an attached target its token's. Requests to an attached target go only where `allow`
     (the store's allowlist, `q.allowlist`) lets them."""
-    from storage import queries as q  # the store's query layer, only when asked
-
     if target.managed:
         try:
-            data = q.get_started_spec(store, target.name)
-            spec = parse_spec(data or q.get_engine_spec(store, target.name)[0])
+            spec = running_spec(store, target.name)
         except NotFound:
             pass  # a managed target whose spec was removed: its URL, no key
         else:

@@ -57,7 +57,7 @@ from planner.simulate.calibrate import (
 from planner.simulate.engine import SHAPE_PLANS
 from planner.simulate.steps import Steps, TokenTimes, observed_steps
 from planner.simulate.whatif import replay
-from probes.engine.spec import engine_config, parse_spec
+from probes.engine.spec import engine_config, running_spec
 from storage import queries as q
 from storage.schemas import TargetRow
 
@@ -186,8 +186,7 @@ def engine_of(
     engine's as last started, or what an attached one was calibrated as."""
     if not target.managed:
         return calibration.config()
-    started = q.get_started_spec(store, target.name)
-    return engine_config(parse_spec(started or q.get_engine_spec(store, target.name)[0]), data_dir)
+    return engine_config(running_spec(store, target.name), data_dir)
 
 
 def check_finished(store: Engine, run_id: int, data_dir: Path) -> Check | None:
