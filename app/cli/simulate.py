@@ -314,9 +314,7 @@ def check(
                     f"run kvscope probe latency --target {target}"
                 )
             run_id = done[0]
-        engine = measurements.engine_of(store, known, stored, config.data_dir)
-        checked = measurements.check(store, stored, run_id, engine)
-        q.put_state(store, CALIBRATION_KEY.format(target), checked.model_dump(mode="json"))
+        checked = measurements.keep_check(store, known, run_id, config.data_dir)
     finally:
         store.dispose()
     made = checked.checks[-1]

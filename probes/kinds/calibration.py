@@ -189,6 +189,34 @@ def engine_of(
     return engine_config(running_spec(store, target.name), data_dir)
 
 
+# How often a check is made again when the calibration changed under it (`keep_check`).
+KEEP_TRIES = 3
+
+
+def keep_check(store: Engine, target: TargetRow, run_id: int, data_dir: Path) -> Calibration:
+    """`target`'s stored calibration with a check of a latency run, stored: `check`'s
+    refusals raised. A calibration written meanwhile (a retune, a new calibration, another
+    check) is never overwritten: the check is made again on it, and TargetError after
+    KEEP_TRIES."""
+    key = CALIBRATION_KEY.format(target.name)
+    for _ in range(KEEP_TRIES):
+        found = q.get_state(store, key)
+        if found is None:
+            raise InvalidInput(
+                f"target {target.name} has no calibration yet: run kvscope simulate "
+                f"calibrate --target {target.name}"
+            )
+        calibration = Calibration.model_validate(found[0])
+        engine = engine_of(store, target, calibration, data_dir)
+        made = check(store, calibration, run_id, engine)
+        if q.replace_state(store, key, made.model_dump(mode="json"), found[1]):
+            return made
+    raise TargetError(
+        f"target {target.name}'s calibration changed {KEEP_TRIES} times while run {run_id} "
+        "was checked against it: check it again"
+    )
+
+
 def check_finished(store: Engine, run_id: int, data_dir: Path) -> Check | None:
     """A finished latency run checked against its target's calibration and kept with it
     (the worker does this after each, so that the checks gather as the engine is probed);
@@ -198,15 +226,10 @@ def check_finished(store: Engine, run_id: int, data_dir: Path) -> Check | None:
     if found.kind != "latency" or found.target_id is None:
         return None
     target = q.get_target(store, found.target_id)
-    calibration = stored(store, target.name)
-    if calibration is None:
-        return None
     try:
-        made = check(store, calibration, run_id, engine_of(store, target, calibration, data_dir))
+        return keep_check(store, target, run_id, data_dir).checks[-1]
     except InvalidInput:
         return None
-    q.put_state(store, CALIBRATION_KEY.format(target.name), made.model_dump(mode="json"))
-    return made.checks[-1]
 
 
 # An open-loop run's requests as sent and their measured (TTFT, E2E), in the same order.

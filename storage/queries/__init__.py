@@ -75,7 +75,7 @@ from storage.queries.schedules import (
     stored_profiles,
 )
 from storage.queries.series import count_samples, latest_ts, series_points
-from storage.queries.state import get_state, put_state, states_under
+from storage.queries.state import get_state, put_state, replace_state, states_under
 from storage.queries.targets import (
     add_target,
     find_target_by_url,
@@ -141,6 +141,7 @@ __all__ = [
     "remove_slo",
     "remove_target",
     "renew_lease",
+    "replace_state",
     "replayable",
     "replayed_latencies",
     "request_run",

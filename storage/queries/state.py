@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from storage.db import session_factory, transaction
 from storage.tables import WorkerState
@@ -20,6 +20,19 @@ def put_state(store: Engine, key: str, value: dict[str, Any]) -> None:
             s.add(WorkerState(key=key, value=value, updated_at=time.time()))
         else:
             row.value, row.updated_at = value, time.time()
+
+
+def replace_state(store: Engine, key: str, value: dict[str, Any], written_at: float) -> bool:
+    """Write `value` over the fact at `key` only while it is still the one written at
+    `written_at` (`get_state`'s time, as the caller read it): False where another writer
+    came between, whose fact is kept."""
+    with transaction(store) as s:
+        done = s.execute(
+            update(WorkerState)
+            .where(WorkerState.key == key, WorkerState.updated_at == written_at)
+            .values(value=value, updated_at=time.time())
+        )
+        return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def get_state(store: Engine, key: str) -> tuple[dict[str, Any], float] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from sqlalchemy import Engine
 from planner.errors import InvalidInput, TargetError
 from planner.simulate import SimRequest, simulate
 from planner.simulate.calibrate import (
+    CALIBRATION_KEY,
     LOAD_PARAMS,
     LOAD_TRIES,
     MAX_CHECKS,
@@ -233,7 +235,9 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     assert again.checks[0].drift == pytest.approx(1.6, rel=0.1)
 
 
-def test_a_later_latency_run_is_checked_against_the_calibration_once(store: Engine) -> None:
+def test_a_later_latency_run_is_checked_against_the_calibration_once(
+    store: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = FakeEngine(store)
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     cal = cal.model_copy(update={"tuned_at": time.time() - 60})
@@ -252,6 +256,28 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(store: Engi
     queued = q.request_run(store, "latency", dict(LOAD_PARAMS, rate=1.0)).id
     with pytest.raises(InvalidInput, match=f"run {queued} is a queued latency run"):
         calibration.check(store, cal, queued, CONFIG)
+    # Kept with the calibration as stored; a calibration written while a check ran (here a
+    # retune landing during the first) is never overwritten: the check is made on it.
+    target = q.add_target(store, q.parse_target({"name": "cpu", "base_url": "http://127.0.0.1:1"}))
+    key = CALIBRATION_KEY.format("cpu")
+    q.put_state(store, key, cal.model_dump(mode="json"))
+    retuned = cal.model_copy(update={"load_scale": cal.load_scale * 1.3})
+    made_on: list[float] = []
+    plain = calibration.check
+
+    def landing(store: Engine, on: Any, run: int, engine: Any) -> Any:
+        made_on.append(on.load_scale)
+        if len(made_on) == 1:  # (a retune lands while the first check runs)
+            time.sleep(0.01)
+            q.put_state(store, key, retuned.model_dump(mode="json"))
+        return plain(store, on, run, engine)
+
+    monkeypatch.setattr(calibration, "check", landing)
+    kept = calibration.keep_check(store, target, run_id, Path("."))
+    assert made_on == [cal.load_scale, retuned.load_scale]
+    stored = calibration.stored(store, "cpu")
+    assert stored == kept and stored.load_scale == retuned.load_scale
+    assert stored.checks[-1].drift == pytest.approx(1.0, rel=0.05)  # (the retune's scale)
     # The newest MAX_CHECKS are kept.
     many = cal
     for i in range(MAX_CHECKS + 3):

@@ -1,0 +1,20 @@
+"""Published facts: a fact replaced only while it is still the one its writer read."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+from storage import queries as q
+
+
+def test_a_fact_is_replaced_only_while_it_is_the_one_read(store: Engine) -> None:
+    q.put_state(store, "calibration:cpu", {"scale": 1.0})
+    read = q.get_state(store, "calibration:cpu")
+    assert read is not None
+    q.put_state(store, "calibration:cpu", {"scale": 1.3})  # another writer came between
+    assert not q.replace_state(store, "calibration:cpu", {"scale": 1.0, "checks": 1}, read[1])
+    again = q.get_state(store, "calibration:cpu")
+    assert again is not None and again[0] == {"scale": 1.3}  # theirs kept
+    assert q.replace_state(store, "calibration:cpu", {"scale": 1.3, "checks": 1}, again[1])
+    assert q.get_state(store, "calibration:cpu")[0] == {"scale": 1.3, "checks": 1}  # type: ignore[index]
+    assert not q.replace_state(store, "calibration:none", {}, again[1])  # nothing to replace
