@@ -12,8 +12,9 @@ same profile and rate (the seeds' 80 % interval on p99 TTFT: the second lowest t
 second highest, each seed drawing the calibration's pools again and its step cost's drift
 from the calibration's fit error and host speed: does it cover the measurement?). Each
 retune and each run is then kept with the calibration as a check (`kvscope simulate
-check`), and from three checks on a second interval draws its drift from them: the
-first workload's comes from the fit error alone. Prints one row per workload
+check`), and from three checks on a second interval draws its drift from them, and its
+pool of host noise from the runs among them that did not queue: the first workload's
+comes from the fit error alone. Prints one row per workload
 and figure, with the issue's targets and whether each is met. The two workloads at the knee
 run twice, and the second run is scored against the first as a prediction would be: how
 near the engine comes to itself on this machine.
@@ -217,10 +218,10 @@ def rows(
 ) -> None:
     """Print one workload's rows (`beside`: the same prediction without the host's noise
     and speed, with the step cost tuned on this run, and re-tuned just before it; `bands`:
-    the interval drawing its drift from the calibration's fit error, and from its `checks`
-    of later runs where it had MIN_CHECKS); add (met, figures, covered, covered from the
-    checks, intervals from the checks) to `tally`, each column's (met, figures) to
-    `tallies`."""
+    the interval drawing its drift from the calibration's fit error, and its drift and
+    host noise from its `checks` of later runs where it had MIN_CHECKS); add (met, figures,
+    covered, covered from the checks, intervals from the checks) to `tally`, each column's
+    (met, figures) to `tallies`."""
     score(name, f"{rate:g}", m, p, tally, beside, tallies)
     measured = m["ttft_s"]["p99"]
     for i, point in enumerate(bands):
@@ -228,7 +229,7 @@ def rows(
             continue
         band = point.ttft_p99
         inside = band is not None and measured is not None and band.low <= measured <= band.high
-        what = "80% interval" if i == 0 else f"80% interval, drift from {checks} later runs"
+        what = "80% interval" if i == 0 else f"80% interval, drawn from {checks} later runs"
         tally[2 + i] += inside
         tally[4] += i
         shown = "none" if band is None else f"{band.low * 1000:,.0f}-{band.high * 1000:,.0f}"
@@ -481,7 +482,7 @@ def main() -> None:
     print(
         f"{tally[0]}/{tally[1]} figures within their targets; the 80% interval covered the "
         f"measured p99 TTFT in {tally[2]}/{len(WORKLOADS)} workloads (target 70-90%), "
-        f"drawing its drift from later runs' checks {tally[3]}/{tally[4]}; "
+        f"drawn from later runs' checks {tally[3]}/{tally[4]}; "
         f"the engine run again met {self_tally[0]}/{self_tally[1]} of the same targets against "
         f"its first run; re-tuned just before each run (not the small KV's engine, which "
         f"was not fitted), {retuned[0]}/{retuned[1]} figures within their targets; "

@@ -259,8 +259,10 @@ def render() -> None:
             with st.expander(f"Later runs checked against it ({len(cal.checks)})"):
                 st.caption(
                     "Each run's requests replayed at the calibrated step cost: how many "
-                    "times as long its steps took. From three on, the p99 interval draws "
-                    "its drift from these."
+                    "times as long its steps took, and the host's stalls it met (the p99 "
+                    "of what that replay leaves of each TTFT; kept for the newest runs "
+                    "that did not queue). From three on, the p99 interval draws its drift "
+                    "and its host noise from these."
                 )
                 st.dataframe(
                     [
@@ -268,6 +270,9 @@ def render() -> None:
                             "checked": time.strftime("%Y-%m-%d %H:%M", time.localtime(c.at)),
                             "run": c.run,
                             "steps x": round(c.drift, 3),
+                            "stalls, TTFT p99 (ms)": None
+                            if (p99 := c.ttft_noise_p99_s) is None
+                            else round(p99 * 1000, 1),
                         }
                         for c in reversed(cal.checks)
                     ],

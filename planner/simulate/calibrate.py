@@ -243,10 +243,22 @@ class Check(BaseModel):
     at: float  # when it was checked (Unix seconds)
     drift: float = Field(gt=0)
     run: str  # what ran: "retune", "latency run 12"
+    # The host's noise in that run, as `Calibration.noise` is in the tuning run's, at this
+    # drift (`noise_of`): empty for a run that queued (its residuals would be the queue's
+    # too), for a check stored before, and past the newest NOISE_CHECKS.
+    noise: list[tuple[float, float]] = Field(default_factory=list)
+
+    @property
+    def ttft_noise_p99_s(self) -> float | None:
+        """The 99th percentile of its TTFT noise: the stalls the run met (None unkept)."""
+        return float(np.quantile([t for t, _ in self.noise], 0.99)) if self.noise else None
 
 
-# The newest checks a calibration keeps.
+# The newest checks a calibration keeps, the newest of them that keep their host noise, and
+# how much of it each keeps (a calibration is read on every prediction).
 MAX_CHECKS = 32
+NOISE_CHECKS = 8
+CHECK_NOISE_SAMPLES = 128
 
 
 class Calibration(BaseModel):
@@ -373,10 +385,12 @@ class Calibration(BaseModel):
             return None
         drifts = [c.drift for c in self.checks]
         many = "s" * (len(drifts) > 1)
+        noisy = [c for c in self.checks if c.noise]
+        noise = f", the host's noise from {len(noisy)} that did not queue" if noisy else ""
         return (
             f"{len(drifts)} later run{many} replayed at this cost ran {'their' if many else 'its'} "
             f"steps x{min(drifts):.2f} to x{max(drifts):.2f} as long (median "
-            f"x{float(np.median(drifts)):.2f})"
+            f"x{float(np.median(drifts)):.2f}){noise}"
         )
 
     def measured_error(self) -> str:
@@ -464,9 +478,67 @@ def drift_of(
     return _bisect(tpot_mean, tpot_mean_s, 0.125, 8.0, 24, log=True)  # (to 1e-6 of it)
 
 
+def noise_of(
+    calibration: Calibration,
+    requests: Sequence[SimRequest],
+    measured: Sequence[tuple[float, float]],
+    drift: float,
+    config: EngineConfig | None = None,
+) -> list[tuple[float, float]]:
+    """The host's noise in a later open-loop run of `requests` (each one's measured (TTFT,
+    E2E), in the same order): what a replay at the calibration's step cost times the run's
+    `drift` (`drift_of`), at the host's speed the run had window by window, and with the
+    calibration's API time, leaves of each, at most CHECK_NOISE_SAMPLES evenly taken. The
+    run's own measure of the stalls that a p99 below the knee is made of, where the tuning
+    run's is one sample of a few minutes (`planner.simulate.whatif.redrawn`)."""
+    config = config or calibration.config()
+    cost = calibration.cost().scaled(drift)
+
+    def replayed(speed: HostSpeed | None) -> dict[int, RequestResult]:
+        results = simulate(requests, config, cost, speed=speed)
+        return {id(r.request): r for r in results if not r.refused}
+
+    noise, _ = _residuals(requests, measured, replayed, calibration.request_s)
+    return _evenly(noise, CHECK_NOISE_SAMPLES)
+
+
+def _residuals(
+    requests: Sequence[SimRequest],
+    measured: Sequence[tuple[float, float]],
+    replayed: Callable[[HostSpeed | None], dict[int, RequestResult]],
+    api_s: float,
+) -> tuple[list[tuple[float, float]], list[float]]:
+    """Each request's measured (TTFT, E2E) less its replay's and `api_s`, the replay made
+    at the host's speed the run had window by window; and those windows (`host_speed`)."""
+    if len(measured) != len(requests):
+        raise InvalidInput(
+            f"{len(measured)} measured latencies for {len(requests)} replayed requests"
+        )
+    results = replayed(None)
+    speed, in_order = host_speed(requests, results, measured)
+    if in_order is not None:
+        results = replayed(in_order)
+    noise = []
+    for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
+        r = results.get(id(req))
+        if r is not None and r.ttft_s is not None and r.e2e_s is not None:
+            noise.append((ttft_s - r.ttft_s - api_s, e2e_s - r.e2e_s - api_s))
+    return noise, speed
+
+
+def _evenly(items: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:
+    """At most `most` of `items`, evenly taken."""
+    return items[:: max(1, math.ceil(len(items) / most))]
+
+
 def checked(calibration: Calibration, check: Check) -> Calibration:
-    """`calibration` with `check` kept (the newest MAX_CHECKS)."""
-    return calibration.model_copy(update={"checks": [*calibration.checks, check][-MAX_CHECKS:]})
+    """`calibration` with `check` kept (the newest MAX_CHECKS; the host noise of the newest
+    NOISE_CHECKS)."""
+    checks = [*calibration.checks, check][-MAX_CHECKS:]
+    old = len(checks) - NOISE_CHECKS
+    kept = [c.model_copy(update={"noise": []}) if i < old and c.noise else c
+            for i, c in enumerate(checks)]  # fmt: skip
+    return calibration.model_copy(update={"checks": kept})
 
 
 # Checks since the tune that, all off the same way by more than DRIFTED, call for a
@@ -763,10 +835,6 @@ def tune(
     if steps is not None:
         calibration = on_steps(calibration, steps)
     config = config or calibration.config()
-    if measured is not None and len(measured) != len(requests):
-        raise InvalidInput(
-            f"{len(measured)} measured latencies for {len(requests)} replayed requests"
-        )
 
     def replayed(scale: float, speed: HostSpeed | None = None) -> dict[int, RequestResult]:
         cost = calibration.model_copy(update={"load_scale": scale}).cost()
@@ -792,15 +860,10 @@ def tune(
     noise: list[tuple[float, float]] = []
     speed: list[float] = []
     if measured is not None:
-        speed, in_order = host_speed(requests, results, measured)
-        if in_order is not None:
-            results = replayed(scale, in_order)
-        for req, (ttft_s, e2e_s) in zip(requests, measured, strict=True):
-            r = results.get(id(req))
-            if r is not None and r.ttft_s is not None and r.e2e_s is not None:
-                noise.append((ttft_s - r.ttft_s - api_s, e2e_s - r.e2e_s - api_s))
-        step = max(1, math.ceil(len(noise) / NOISE_SAMPLES))
-        noise = noise[::step]
+        noise, speed = _residuals(
+            requests, measured, lambda at: results if at is None else replayed(scale, at), api_s
+        )
+        noise = _evenly(noise, NOISE_SAMPLES)
     return calibration.model_copy(
         update={
             "load_scale": scale,

@@ -236,7 +236,8 @@ def calibrated_scenario(
 def measured_by(scenario: Scenario, calibration: Calibration) -> Scenario:
     """`scenario` with what `calibration` measured of its engine: the step cost, the API's
     time, the fit error, the host's noise and speed, the TPOT spread where the queue
-    stood and later runs' drifts (one place, for `calibrated_scenario` and the benchmarks)."""
+    stood and later runs' drifts and noise (one place, for `calibrated_scenario` and the
+    benchmarks)."""
     return replace(
         scenario,
         cost=calibration.cost(),
@@ -246,4 +247,5 @@ def measured_by(scenario: Scenario, calibration: Calibration) -> Scenario:
         queued_tpot=tuple(calibration.queued_tpot),
         speed=tuple(calibration.speed),
         drifts=tuple(c.drift for c in calibration.checks),
+        noise_pools=tuple(tuple(c.noise) for c in calibration.checks if c.noise),
     )

@@ -224,6 +224,9 @@ class Scenario:
     # Later runs' drifts against the calibration (`Calibration.checks`): from MIN_CHECKS on,
     # each seed of an interval draws its step cost's drift from them (`drift`).
     drifts: tuple[float, ...] = ()
+    # Later runs' host noise (`Check.noise`, the runs that did not queue): from MIN_CHECKS
+    # drifts on, each seed of an interval draws its pool of noise from these and `noise`.
+    noise_pools: tuple[tuple[tuple[float, float], ...], ...] = ()
     # Seconds of arrivals instead of a count: a run at rate r then has r x duration_s
     # requests, as a latency probe's window has (a short window that starts empty holds a
     # rate that a long one queues at).
@@ -452,6 +455,14 @@ def _resample(pool: Sequence[_T], rng: np.random.Generator) -> tuple[_T, ...]:
     return tuple(pool[i] for i in rng.integers(len(pool), size=len(pool))) if pool else ()
 
 
+def _noise_pool(scenario: Scenario, seed: int) -> Sequence[tuple[float, float]]:
+    """The pool of host noise one seed of an interval draws from (`redrawn`)."""
+    if len(scenario.drifts) < MIN_CHECKS or not scenario.noise_pools:
+        return scenario.noise
+    pools = [p for p in (scenario.noise, *scenario.noise_pools) if p]
+    return pools[int(np.random.default_rng([seed, 7]).integers(len(pools)))]
+
+
 def redrawn(scenario: Scenario, seed: int) -> Scenario:
     """`scenario` as another calibration of the same engine might have measured it, for
     one seed of an interval: its step cost times the seed's `drift`, and its pools of host
@@ -462,7 +473,13 @@ def redrawn(scenario: Scenario, seed: int) -> Scenario:
     requests. Drawing each run's requests from the same pool reads the pool's tail as the
     host's, and the seeds' p99s agree more than runs do: for a tail of a few stalls in a
     few hundred requests, the runs' p99 fell inside the seeds' 80 % interval 56 % of the
-    time, and 70 % with each seed's pool drawn again first (docs/simulator.md)."""
+    time, and 70 % with each seed's pool drawn again first (docs/simulator.md).
+
+    From MIN_CHECKS later runs on, the pool of host noise drawn again is first one run's,
+    the tuning run's or one of those the checks kept (`Scenario.noise_pools`): a tuning run
+    in a quiet spell has few stalls, and drawing its pool again cannot add any (below the
+    knee the CPU engine's TTFT p99 read 39 and 51 ms where two such calibrations' intervals
+    read 23-28 and 25-27)."""
     factor = drift(scenario, seed)
     if factor == 1.0 and not (scenario.noise or scenario.queued_tpot or scenario.speed):
         return scenario
@@ -470,7 +487,7 @@ def redrawn(scenario: Scenario, seed: int) -> Scenario:
     return replace(
         scenario,
         cost=scenario.cost.scaled(factor),
-        noise=_resample(scenario.noise, rng),
+        noise=_resample(_noise_pool(scenario, seed), rng),
         queued_tpot=_resample(scenario.queued_tpot, rng),
         speed=_resample(scenario.speed, rng),
     )

@@ -47,6 +47,7 @@ from planner.simulate.calibrate import (
     full_batch,
     host_drift,
     load_rate,
+    noise_of,
     queued_spread,
     quiet_fit,
     saturated_rate,
@@ -137,7 +138,8 @@ def retune(
     tuned, made = _tuned(store, run, stored, rate, seed, say)
     drift = drift_of(stored, made.requests, made.figures[0])
     say(f"the stored calibration's steps ran x{drift:.2f} as long in the new run")
-    return checked(tuned, Check(at=time.time(), drift=drift, run="retune"))
+    noise = noise_of(stored, made.requests, made.measured, drift)
+    return checked(tuned, Check(at=time.time(), drift=drift, run="retune", noise=noise))
 
 
 def check(
@@ -149,8 +151,9 @@ def check(
 ) -> Calibration:
     """`calibration` with a check of a later latency run on `engine` (its target's, as
     started for the run): how many times as long the run's steps took as the calibration
-    says (`drift_of`). Refused for a run that is not a finished latency run, that ran
-    before the calibration was tuned (its own runs) or that was checked already."""
+    says (`drift_of`), and where the run did not queue, the host's noise in it (`noise_of`).
+    Refused for a run that is not a finished latency run, that ran before the calibration
+    was tuned (its own runs) or that was checked already."""
     found = q.get_run(store, run_id)
     label = run_label(run_id)
     if found.kind != "latency" or found.status != "done":
@@ -166,12 +169,15 @@ def check(
         )
     if any(c.run == label for c in calibration.checks):
         raise InvalidInput(f"run {run_id} was checked already")
-    figures = LoadRun.model_validate(found.summary).tune_figures
-    if figures is None:
+    loaded = LoadRun.model_validate(found.summary)
+    if loaded.tune_figures is None:
         raise InvalidInput(f"run {run_id} had no request answered with two tokens or more")
-    (requests, _), _ = _replayed(store, run_id)
-    drift = drift_of(calibration, requests, figures[0], engine)
-    return checked(calibration, Check(at=now or time.time(), drift=drift, run=label))
+    (requests, measured), _ = _replayed(store, run_id)
+    drift = drift_of(calibration, requests, loaded.tune_figures[0], engine)
+    queued = tuning_refused(loaded) is not None
+    noise = [] if queued else noise_of(calibration, requests, measured, drift, engine)
+    made = Check(at=now or time.time(), drift=drift, run=label, noise=noise)
+    return checked(calibration, made)
 
 
 def run_label(run_id: int) -> str:

@@ -12,6 +12,7 @@ import pytest
 from planner.errors import InvalidInput
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
 from planner.simulate.calibrate import (
+    CHECK_NOISE_SAMPLES,
     SHAPE_LENGTHS,
     SHAPE_PARAMS,
     SWEEP_CONTEXT,
@@ -24,12 +25,14 @@ from planner.simulate.calibrate import (
     arrival_cost,
     bursts,
     decode_samples,
+    drift_of,
     fit,
     full_batch,
     host_drift,
     host_speed,
     load_rate,
     lone_decodes,
+    noise_of,
     on_steps,
     prefill_samples,
     queued_spread,
@@ -420,6 +423,36 @@ def test_what_the_replay_does_not_explain_is_kept_as_host_noise_and_predicted() 
     assert predict(noisy, rate, seed=1) == with_noise  # seeded
     with pytest.raises(InvalidInput, match="3 measured latencies for 240"):
         tune(quiet, requests, rate, tpot, ttfts[120], measured[:3])
+
+
+def test_a_later_runs_host_noise_is_read_at_its_own_drift() -> None:
+    """A later run on a host 1.25 times slower that stalls one request in twenty by 300 ms:
+    replayed at the calibration's cost times the run's drift, what is left is the stalls,
+    not the slowdown (at the calibration's own cost every residual would carry it)."""
+    quiet = fit(*samples(), CONFIG)
+    rate = load_rate(quiet)
+    profile = FixedProfile(prompt_tokens=256, output_tokens=64)
+    requests = list(traffic(profile, Arrival(rate=rate), 300, seed=6))
+    slower = replace(TRUE, overhead_s=TRUE.overhead_s * 1.25,
+                     token_compute_s=TRUE.token_compute_s * 1.25, seq_s=TRUE.seq_s * 1.25,
+                     pair_s=TRUE.pair_s * 1.25)  # fmt: skip
+    results = {id(r.request): r for r in simulate(requests, CONFIG, slower)}
+    stall = [0.3 if i % 20 == 7 else 0.0 for i in range(len(requests))]
+    measured = [
+        (results[id(q)].ttft_s + API_S + s, results[id(q)].e2e_s + API_S + s)  # type: ignore[operator]
+        for q, s in zip(requests, stall, strict=True)
+    ]
+    tpot = float(np.mean([r.tpot_s for r in results.values() if r.tpot_s is not None]))
+    drift = drift_of(quiet, requests, tpot)
+    assert drift == pytest.approx(1.25, rel=0.03)
+    noise = np.array(noise_of(quiet, requests, measured, drift))
+    assert CHECK_NOISE_SAMPLES < 300 and len(noise) == 100  # (every third, evenly taken)
+    assert np.median(noise[:, 1]) == pytest.approx(0.0, abs=0.01)
+    assert (noise[:, 0] > 0.25).mean() == pytest.approx(1 / 20, abs=0.02)
+    unscaled = np.array(noise_of(quiet, requests, measured, 1.0))
+    assert np.median(unscaled[:, 1]) > np.median(noise[:, 1]) + 0.02  # (the slowdown)
+    with pytest.raises(InvalidInput, match="3 measured latencies for 300"):
+        noise_of(quiet, requests, measured[:3], drift)
 
 
 def test_the_spread_of_tpots_where_the_queue_stood_is_measured_and_predicted() -> None:

@@ -319,6 +319,33 @@ def test_each_interval_seed_draws_the_calibrations_pools_again(
     assert again.high / again.low > 1.1 * (kept.high / kept.low)
 
 
+def test_from_enough_checks_each_seed_draws_one_runs_host_noise() -> None:
+    """A tuning run in a quiet spell has no stalls, and drawing its pool again adds none:
+    from MIN_CHECKS later runs on, each seed first takes one run's pool, the tuning run's or
+    a check's, so that the interval reaches the stalls later runs met (and before, not)."""
+    quiet = tuple((0.001, 0.001) for _ in range(200))
+    stalls = tuple((0.3, 0.3) if i % 25 == 0 else (0.001, 0.001) for i in range(100))
+    fitted = Scenario(
+        CONFIG, COST, FixedProfile(prompt_tokens=256, output_tokens=8), 300,
+        residuals=(-0.02, 0.02), noise=quiet, noise_pools=(stalls, stalls),
+    )  # fmt: skip
+    two = replace(fitted, drifts=(1.0, 1.01))
+    assert all(set(whatif.redrawn(two, s).noise) == {(0.001, 0.001)} for s in range(100))
+    three = replace(fitted, drifts=(1.0, 1.01, 0.99))
+    drawn = [whatif.redrawn(three, s).noise for s in range(300)]
+    stalled = np.mean([(0.3, 0.3) in d for d in drawn])
+    assert stalled == pytest.approx(2 / 3, abs=0.08)  # (two pools of three have stalls)
+    assert all(len(d) in (100, 200) for d in drawn)
+    # The point prediction keeps the tuning run's noise; the interval reaches the stalls.
+    rate = 0.4 * capacity_rps(fitted)
+    without, with_pools = (
+        sweep(s, [rate], seeds=19)[0] for s in (replace(three, noise_pools=()), three)
+    )
+    assert without.prediction == with_pools.prediction
+    assert without.ttft_p99 is not None and with_pools.ttft_p99 is not None
+    assert without.ttft_p99.high < 0.1 < 0.25 < with_pools.ttft_p99.high
+
+
 def test_settings_take_the_engine_specs_and_the_probes_names() -> None:
     s = parse_settings(["kv_cache_dtype=fp8", "max-num-seqs=32", "enable_chunked_prefill=false"])
     assert (s.kv_cache_dtype, s.max_num_seqs, s.enable_chunked_prefill) == ("fp8", 32, False)

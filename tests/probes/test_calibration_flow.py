@@ -21,6 +21,7 @@ from planner.simulate.calibrate import (
     LOAD_PARAMS,
     LOAD_TRIES,
     MAX_CHECKS,
+    NOISE_CHECKS,
     SATURATED_PARAMS,
     SHAPE_PARAMS,
     SWEEP_CONTEXT,
@@ -233,6 +234,9 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     # as long in the new run.
     assert not cal.checks and [c.run for c in again.checks] == ["retune"]
     assert again.checks[0].drift == pytest.approx(1.6, rel=0.1)
+    # With the host's noise of its run at that drift (this engine has none).
+    noise = np.array(again.checks[0].noise)
+    assert len(noise) >= 30 and np.abs(np.median(noise, axis=0)).max() < 0.003
 
 
 def test_a_later_latency_run_is_checked_against_the_calibration_once(
@@ -248,6 +252,15 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     assert [c.run for c in checked.checks] == [f"latency run {run_id}"]
     assert checked.checks[0].drift == pytest.approx(1.3, rel=0.05)
     assert "1 later run replayed at this cost ran its steps x1.3" in checked.describe()
+    assert "the host's noise from 1 that did not queue" in checked.describe()
+    assert len(checked.checks[0].noise) >= 30
+    # A run that queued keeps its drift and not its residuals, which are the queue's too.
+    waited_id, waited = engine.run("latency", dict(LOAD_PARAMS, rate=cal.tuned_rate, seed=78))
+    waited["engine"] = {"queue_time": {"mean": 2 * waited["ttft_s"]["p50"]}}
+    q.update_run(store, waited_id, status="done", summary=waited)
+    both = calibration.check(store, checked, waited_id, CONFIG)
+    assert both.checks[-1].drift == pytest.approx(1.3, rel=0.05) and both.checks[-1].noise == []
+    assert "the host's noise from 1 that did not queue" in both.describe()
     with pytest.raises(InvalidInput, match=f"run {run_id} was checked already"):
         calibration.check(store, checked, run_id, CONFIG)
     later = cal.model_copy(update={"tuned_at": time.time() + 60})
@@ -278,11 +291,15 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     stored = calibration.stored(store, "cpu")
     assert stored == kept and stored.load_scale == retuned.load_scale
     assert stored.checks[-1].drift == pytest.approx(1.0, rel=0.05)  # (the retune's scale)
-    # The newest MAX_CHECKS are kept.
+    # The newest MAX_CHECKS are kept, the host noise of the newest NOISE_CHECKS.
     many = cal
     for i in range(MAX_CHECKS + 3):
-        many = checked_with(many, Check(at=float(i), drift=1.0 + i / 100, run=f"run {i}"))
+        made = Check(at=float(i), drift=1.0 + i / 100, run=f"run {i}", noise=[(0.001, 0.002)])
+        many = checked_with(many, made)
     assert len(many.checks) == MAX_CHECKS and many.checks[-1].run == f"run {MAX_CHECKS + 2}"
+    assert [c.drift for c in many.checks] == [1.0 + i / 100 for i in range(3, MAX_CHECKS + 3)]
+    noisy = [len(c.noise) for c in many.checks]
+    assert noisy == [0] * (MAX_CHECKS - NOISE_CHECKS) + [1] * NOISE_CHECKS
 
 
 @pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])
