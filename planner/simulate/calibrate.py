@@ -245,7 +245,7 @@ class Check(BaseModel):
     run: str  # what ran: "retune", "latency run 12"
     # The host's noise in that run, as `Calibration.noise` is in the tuning run's, at this
     # drift (`noise_of`): empty for a run that queued (its residuals would be the queue's
-    # too), for a check stored before, and past the newest NOISE_CHECKS.
+    # too), for a check stored before, and past the newest NOISE_CHECKS that have it.
     noise: list[tuple[float, float]] = Field(default_factory=list)
 
     @property
@@ -533,12 +533,12 @@ def _evenly(items: list[tuple[float, float]], most: int) -> list[tuple[float, fl
 
 def checked(calibration: Calibration, check: Check) -> Calibration:
     """`calibration` with `check` kept (the newest MAX_CHECKS; the host noise of the newest
-    NOISE_CHECKS)."""
-    checks = [*calibration.checks, check][-MAX_CHECKS:]
-    old = len(checks) - NOISE_CHECKS
-    kept = [c.model_copy(update={"noise": []}) if i < old and c.noise else c
-            for i, c in enumerate(checks)]  # fmt: skip
-    return calibration.model_copy(update={"checks": kept})
+    NOISE_CHECKS that have it)."""
+    kept, noisy = [], 0
+    for c in reversed([*calibration.checks, check][-MAX_CHECKS:]):
+        noisy += bool(c.noise)
+        kept.append(c if noisy <= NOISE_CHECKS else c.model_copy(update={"noise": []}))
+    return calibration.model_copy(update={"checks": kept[::-1]})
 
 
 # Checks since the tune that, all off the same way by more than DRIFTED, call for a

@@ -291,15 +291,17 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     stored = calibration.stored(store, "cpu")
     assert stored == kept and stored.load_scale == retuned.load_scale
     assert stored.checks[-1].drift == pytest.approx(1.0, rel=0.05)  # (the retune's scale)
-    # The newest MAX_CHECKS are kept, the host noise of the newest NOISE_CHECKS.
+    # The newest MAX_CHECKS are kept, the host noise of the newest NOISE_CHECKS that have
+    # it (here every third run queued and has none).
     many = cal
     for i in range(MAX_CHECKS + 3):
-        made = Check(at=float(i), drift=1.0 + i / 100, run=f"run {i}", noise=[(0.001, 0.002)])
+        noise = [] if i % 3 == 0 else [(0.001, 0.002)]
+        made = Check(at=float(i), drift=1.0 + i / 100, run=f"run {i}", noise=noise)
         many = checked_with(many, made)
     assert len(many.checks) == MAX_CHECKS and many.checks[-1].run == f"run {MAX_CHECKS + 2}"
     assert [c.drift for c in many.checks] == [1.0 + i / 100 for i in range(3, MAX_CHECKS + 3)]
-    noisy = [len(c.noise) for c in many.checks]
-    assert noisy == [0] * (MAX_CHECKS - NOISE_CHECKS) + [1] * NOISE_CHECKS
+    noisy = [int(c.run.split()[1]) for c in many.checks if c.noise]
+    assert noisy == [i for i in range(MAX_CHECKS + 3) if i % 3][-NOISE_CHECKS:]
 
 
 @pytest.mark.parametrize(("arrival_s", "seq_extra"), [(0.0, 0.0), (0.002, 0.0), (0.005, 3e-4)])
