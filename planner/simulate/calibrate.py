@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -47,6 +47,8 @@ from planner.simulate.engine import (
     simulate,
 )
 from planner.simulate.steps import ObservedStep
+
+_T = TypeVar("_T")
 
 # Where a target's calibration is kept (the store's published facts), by target name.
 CALIBRATION_KEY = "calibration:{}"
@@ -526,7 +528,7 @@ def _residuals(
     return noise, speed
 
 
-def _evenly(items: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:
+def _evenly(items: list[_T], most: int) -> list[_T]:
     """At most `most` of `items`, evenly taken."""
     return items[:: max(1, math.ceil(len(items) / most))]
 
@@ -941,8 +943,7 @@ def queued_spread(
     if len(ratios) < ARRIVAL_MIN_REQUESTS:
         return []
     mean = float(np.mean(ratios))
-    step = max(1, math.ceil(len(ratios) / NOISE_SAMPLES))
-    return [r / mean for r in ratios[::step]]
+    return [r / mean for r in _evenly(ratios, NOISE_SAMPLES)]
 
 
 # The host's speed while requests arrived, against the drain's (`host_drift`): from a full
