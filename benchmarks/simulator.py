@@ -38,7 +38,7 @@ from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
-from planner.simulate.calibrate import Calibration, LoadRun, host_speed, tune
+from planner.simulate.calibrate import Calibration, LoadRun, host_speed, retune_hint, tune
 from planner.simulate.engine import HostSpeed
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.setup import measured_by
@@ -329,7 +329,7 @@ def measure(
         (None, None, retuned), len(sized.drifts),
     )  # fmt: skip
     cal = calibration.check(worker.store, cal, run.id, scenario.config)
-    drifts = ", ".join(f"x{c.drift:.2f}" for c in cal.checks)
+    drifts = ", ".join(f"x{c.drift:.2f}{' (queued)' * bool(c.queued)}" for c in cal.checks)
     print(f"| {name} | {rate:g} | the checks so far (retunes and runs) | {drifts} |", flush=True)
     return run.summary, cal
 
@@ -488,6 +488,7 @@ def main() -> None:
         f"was not fitted), {retuned[0]}/{retuned[1]} figures within their targets; "
         f"{cal.checks_said()}; {time.time() - started:.0f} s in all"
     )
+    print(f"what the checks call for: {retune_hint(cal, time.time()) or 'nothing'}")
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ def render() -> None:
                     "times as long its steps took, and the host's stalls it met (the p99 "
                     "of what that replay leaves of each TTFT; kept for the newest runs "
                     "that did not queue). From three on, the p99 interval draws its drift "
-                    "and its host noise from these."
+                    "and its host noise from these. Runs that queued ran full batches: where "
+                    "they drift apart from the others, the full batch's cost is off."
                 )
                 st.dataframe(
                     [
@@ -270,6 +271,7 @@ def render() -> None:
                             "checked": time.strftime("%Y-%m-%d %H:%M", time.localtime(c.at)),
                             "run": c.run,
                             "steps x": round(c.drift, 3),
+                            "queued": None if c.queued is None else ("yes" if c.queued else "no"),
                             "stalls, TTFT p99 (ms)": None
                             if (p99 := c.ttft_noise_p99_s) is None
                             else round(p99 * 1000, 1),

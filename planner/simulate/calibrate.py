@@ -249,6 +249,10 @@ class Check(BaseModel):
     # drift (`noise_of`): empty for a run that queued (its residuals would be the queue's
     # too), for a check stored before, and past the newest NOISE_CHECKS that have it.
     noise: list[tuple[float, float]] = Field(default_factory=list)
+    # Whether the run queued (`tuning_refused`): past the knee its batches ran full, so its
+    # drift reads the full batch's cost, which a retune keeps (`retune_hint`). None for a
+    # check stored before this was kept.
+    queued: bool | None = None
 
     @property
     def ttft_noise_p99_s(self) -> float | None:
@@ -544,23 +548,32 @@ def checked(calibration: Calibration, check: Check) -> Calibration:
 
 
 # Checks since the tune that, all off the same way by more than DRIFTED, call for a
-# retune however young the tune (`retune_hint`).
+# retune however young the tune; and the fewest checks on each side, queued and not, whose
+# medians set more than DRIFTED apart call for a new calibration (`retune_hint`).
 DRIFTED_RUNS = 3
 DRIFTED = 0.10
+SPLIT_RUNS = 2
 
 
 def retune_hint(calibration: Calibration, now: float) -> str | None:
-    """What to run when the calibration's tune is over STALE_AFTER_S old (on a shared
-    machine the step scale moved from about x1.2 to x2.0 between sessions), or when the
-    last DRIFTED_RUNS runs checked since it all ran its steps more than DRIFTED longer, or
-    all shorter; None otherwise."""
+    """What to run when the checks since the tune say the full batch's cost is off (the
+    runs that queued drifted apart from those that did not: a retune keeps that cost, a
+    calibration measures it again), when the last DRIFTED_RUNS checks all ran their steps
+    more than DRIFTED longer, or all shorter, or when the tune is over STALE_AFTER_S old
+    (on a shared machine the step scale moved from about x1.2 to x2.0 between sessions);
+    None otherwise."""
     tuned = calibration.tuned_at or calibration.fitted_at
+    target = calibration.target or "NAME"
+    since = [c for c in calibration.checks if tuned is None or c.at > tuned]
+    if split := _full_batch_split(since):
+        return (
+            f"{split}: the cost of a full batch is off, which a retune keeps; kvscope simulate "
+            f"calibrate --target {target} (up to 10 minutes) measures it again"
+        )
     retune = (
-        f"kvscope simulate calibrate --target {calibration.target or 'NAME'} --retune (under "
-        "a minute) measures it again"
+        f"kvscope simulate calibrate --target {target} --retune (under a minute) measures it again"
     )
-    since = [c.drift for c in calibration.checks if tuned is None or c.at > tuned]
-    last = since[-DRIFTED_RUNS:]
+    last = [c.drift for c in since[-DRIFTED_RUNS:]]
     if len(last) == DRIFTED_RUNS and (min(last) > 1 + DRIFTED or max(last) < 1 - DRIFTED):
         return (
             f"the last {DRIFTED_RUNS} runs checked since the tune ran the steps x"
@@ -571,6 +584,26 @@ def retune_hint(calibration: Calibration, now: float) -> str | None:
     return (
         f"the step cost was tuned {_ago(now - tuned)}, and a machine's speed under load moves "
         f"with time: {retune}"
+    )
+
+
+def _full_batch_split(checks: Sequence[Check]) -> str | None:
+    """What the checks say where the runs that queued (full batches) and those that did
+    not drifted more than DRIFTED apart (medians, SPLIT_RUNS on each side at least)."""
+    full = [c.drift for c in checks if c.queued]
+    other = [c.drift for c in checks if c.queued is False]
+    if min(len(full), len(other)) < SPLIT_RUNS:
+        return None
+    if abs(float(np.median(full)) / float(np.median(other)) - 1) <= DRIFTED:
+        return None
+
+    def span(drifts: list[float]) -> str:
+        low, high = min(drifts), max(drifts)
+        return f"x{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"x{low:.2f} to x{high:.2f}"
+
+    return (
+        f"since the tune, the runs that queued (their batches full) ran the steps {span(full)} "
+        f"as long as calibrated, those that did not {span(other)}"
     )
 
 

@@ -139,7 +139,8 @@ def retune(
     drift = drift_of(stored, made.requests, made.figures[0])
     say(f"the stored calibration's steps ran x{drift:.2f} as long in the new run")
     noise = noise_of(stored, made.requests, made.measured, drift)
-    return checked(tuned, Check(at=time.time(), drift=drift, run="retune", noise=noise))
+    made_check = Check(at=time.time(), drift=drift, run="retune", noise=noise, queued=False)
+    return checked(tuned, made_check)  # (a tuning run never queued: `_tuned`)
 
 
 def check(
@@ -176,7 +177,7 @@ def check(
     drift = drift_of(calibration, requests, loaded.tune_figures[0], engine)
     queued = tuning_refused(loaded) is not None
     noise = [] if queued else noise_of(calibration, requests, measured, drift, engine)
-    made = Check(at=now or time.time(), drift=drift, run=label, noise=noise)
+    made = Check(at=now or time.time(), drift=drift, run=label, noise=noise, queued=queued)
     return checked(calibration, made)
 
 

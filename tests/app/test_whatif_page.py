@@ -98,9 +98,10 @@ def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
     assert "FP8 KV cache" not in at.selectbox(key="whatif_variant").options
     assert not at.expander or all("Later runs checked" not in e.label for e in at.expander)
     # Runs checked since: each listed, newest first, and the source says how far they ran.
-    ran = [Check(at=tuned + 60 * i, drift=d, run=f"latency run {i}", noise=noise)
-           for i, (d, noise) in enumerate(((1.05, []), (0.92, [(0.02, 0.03)] * 50),
-                                           (1.18, [(0.001, 0.002)] * 50)))]  # fmt: skip
+    noisy, quiet = [(0.02, 0.03)] * 50, [(0.001, 0.002)] * 50
+    runs = [(1.05, [], True), (0.92, noisy, False), (1.18, quiet, None)]
+    ran = [Check(at=tuned + 60 * i, drift=d, run=f"latency run {i}", noise=noise, queued=full)
+           for i, (d, noise, full) in enumerate(runs)]  # fmt: skip
     q.put_state(
         store,
         CALIBRATION_KEY.format("cpu"),
@@ -114,4 +115,6 @@ def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
                                                       "latency run 0"]  # fmt: skip
     stalls = list(listed.dataframe[0].value["stalls, TTFT p99 (ms)"])
     assert stalls[:2] == [1.0, 20.0] and stalls[2] != stalls[2]  # (NaN: none kept, it queued)
+    queued = list(listed.dataframe[0].value["queued"])
+    assert queued[0] != queued[0] and queued[1:] == ["no", "yes"]  # (NaN: stored before)
     assert any("ran their steps x0.92 to x1.18 as long" in c.value for c in at.caption)

@@ -660,6 +660,35 @@ def test_a_calibration_says_how_long_ago_it_was_fitted_and_tuned() -> None:
     assert retune_hint(before, now) is None
 
 
+def test_runs_that_queued_drifting_apart_from_the_others_call_for_a_new_calibration() -> None:
+    """BM: the calibration's drain past the knee ran in a slow spell, so its full batch
+    cost too much; the runs checked since that queued read x0.88 and x0.89, the others
+    x1.00 to x1.04. A retune keeps the full batch's cost: the hint is a new calibration."""
+    decodes, prefills = samples()
+    now = 1_000_000.0
+    cal = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": now - 900, "tuned_at": now - 900}
+    )
+    runs = [(1.02, False), (0.88, True), (1.00, False), (1.04, False), (0.89, True)]
+    ran = [Check(at=now - 600 + i, drift=d, run=f"latency run {i}", queued=full)
+           for i, (d, full) in enumerate(runs)]  # fmt: skip
+    hint = retune_hint(cal.model_copy(update={"checks": ran}), now)
+    assert hint is not None and "the cost of a full batch is off" in hint
+    assert "runs that queued (their batches full) ran the steps x0.88 to x0.89" in hint
+    assert "those that did not x1.00 to x1.04" in hint
+    assert "kvscope simulate calibrate --target cpu (" in hint and "--retune" not in hint
+    # One side with a single run, medians within DRIFTED, or checks stored before the
+    # queue was kept: no call.
+    assert retune_hint(cal.model_copy(update={"checks": ran[:4]}), now) is None
+    close = [c.model_copy(update={"drift": 0.93}) if c.queued else c for c in ran]
+    assert retune_hint(cal.model_copy(update={"checks": close}), now) is None
+    unknown = [c.model_copy(update={"queued": None}) for c in ran]
+    assert retune_hint(cal.model_copy(update={"checks": unknown}), now) is None
+    # The runs checked before the tune do not count: a new tune has checks of its own.
+    retuned = cal.model_copy(update={"checks": ran, "tuned_at": now - 600 + 1.5})
+    assert retune_hint(retuned, now) is None
+
+
 def test_the_tune_matches_the_mean_tpot_which_stalls_lengthen_and_the_median_does_not() -> None:
     """One answer in ten stalled to three times its quiet TPOT: the median TPOT is the
     quiet one, the mean a fifth longer. The engine's throughput past the knee follows its

@@ -233,7 +233,7 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     # What the stored calibration missed by is kept as a check: its steps ran 1.6 times
     # as long in the new run.
     assert not cal.checks and [c.run for c in again.checks] == ["retune"]
-    assert again.checks[0].drift == pytest.approx(1.6, rel=0.1)
+    assert again.checks[0].drift == pytest.approx(1.6, rel=0.1) and again.checks[0].queued is False
     # With the host's noise of its run at that drift (this engine has none).
     noise = np.array(again.checks[0].noise)
     assert len(noise) >= 30 and np.abs(np.median(noise, axis=0)).max() < 0.003
@@ -251,6 +251,7 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     checked = calibration.check(store, cal, run_id, CONFIG)
     assert [c.run for c in checked.checks] == [f"latency run {run_id}"]
     assert checked.checks[0].drift == pytest.approx(1.3, rel=0.05)
+    assert checked.checks[0].queued is False
     assert "1 later run replayed at this cost ran its steps x1.3" in checked.describe()
     assert "the host's noise from 1 that did not queue" in checked.describe()
     assert len(checked.checks[0].noise) >= 30
@@ -260,6 +261,7 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     q.update_run(store, waited_id, status="done", summary=waited)
     both = calibration.check(store, checked, waited_id, CONFIG)
     assert both.checks[-1].drift == pytest.approx(1.3, rel=0.05) and both.checks[-1].noise == []
+    assert both.checks[-1].queued is True  # (its batches full: the full batch's cost it reads)
     assert "the host's noise from 1 that did not queue" in both.describe()
     with pytest.raises(InvalidInput, match=f"run {run_id} was checked already"):
         calibration.check(store, checked, run_id, CONFIG)
