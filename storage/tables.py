@@ -302,6 +302,8 @@ class WorkerState(Base):
     key: Mapped[str] = mapped_column(String(50), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(default=dict)
     updated_at: Mapped[float] = mapped_column(Float, default=_now)
+    # Counts the writes: what `replace_state` compares (two writes can share a clock tick).
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class WorkerLease(Base):

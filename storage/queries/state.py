@@ -17,29 +17,29 @@ def put_state(store: Engine, key: str, value: dict[str, Any]) -> None:
     with transaction(store) as s:
         row = s.get(WorkerState, key)
         if row is None:
-            s.add(WorkerState(key=key, value=value, updated_at=time.time()))
+            s.add(WorkerState(key=key, value=value, updated_at=time.time(), version=1))
         else:
-            row.value, row.updated_at = value, time.time()
+            row.value, row.updated_at, row.version = value, time.time(), row.version + 1
 
 
-def replace_state(store: Engine, key: str, value: dict[str, Any], written_at: float) -> bool:
-    """Write `value` over the fact at `key` only while it is still the one written at
-    `written_at` (`get_state`'s time, as the caller read it): False where another writer
-    came between, whose fact is kept."""
+def replace_state(store: Engine, key: str, value: dict[str, Any], version: int) -> bool:
+    """Write `value` over the fact at `key` only while it is still the one `get_state`
+    read (its `version`): False where another writer came between, whose fact is kept."""
     with transaction(store) as s:
         done = s.execute(
             update(WorkerState)
-            .where(WorkerState.key == key, WorkerState.updated_at == written_at)
-            .values(value=value, updated_at=time.time())
+            .where(WorkerState.key == key, WorkerState.version == version)
+            .values(value=value, updated_at=time.time(), version=version + 1)
         )
         return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def get_state(store: Engine, key: str) -> tuple[dict[str, Any], float] | None:
-    """A published fact and when it was written."""
+def get_state(store: Engine, key: str) -> tuple[dict[str, Any], int] | None:
+    """A published fact and its version (how many times it was written), which
+    `replace_state` compares."""
     with session_factory(store)() as s:
         row = s.get(WorkerState, key)
-        return (dict(row.value), row.updated_at) if row else None
+        return (dict(row.value), row.version) if row else None
 
 
 def states_under(store: Engine, prefix: str) -> dict[str, dict[str, Any]]:

@@ -50,7 +50,7 @@ def test_upgrade_is_idempotent(store: Engine) -> None:
 
     upgrade(store)
     with store.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0008"
 
 
 # Each process imports first, then opens the store at one agreed instant.
@@ -83,5 +83,5 @@ def test_processes_opening_a_new_store_together_migrate_it_once(
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     store = open_store(url)
     with store.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0008"
     store.dispose()
