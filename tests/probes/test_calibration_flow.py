@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,9 @@ class FakeEngine:
     stores their requests; its tuning runs report a standing queue `queued` times. Each
     arrival takes `arrival_s` of its steps' time, under open-loop load a sequence costs a
     step `seq_extra` more than quiet, and a step with a token count never run `shape_s`
-    more, one evicted from the 32 kept `replan_s`; the run past the knee's drain runs
-    `drain_slow` times as long a step (a shared host)."""
+    more, one evicted from the 32 kept `replan_s`; the runs past the knee's drains run
+    `drain_slow` times as long a step (a shared host; one for each such run, the last for
+    any after)."""
 
     def __init__(
         self,
@@ -68,10 +70,10 @@ class FakeEngine:
         seq_extra: float = 0.0,
         shape_s: float = 0.0,
         replan_s: float = 0.0,
-        drain_slow: float = 1.0,
+        drain_slow: float | tuple[float, ...] = 1.0,
     ) -> None:
         self.store, self.queued, self.bursts, self.arrival_s = store, queued, bursts, arrival_s
-        self.drain_slow = drain_slow
+        self.drain_slow = drain_slow if isinstance(drain_slow, tuple) else (drain_slow,)
         self.seq_extra, self.shape_s, self.replan_s = seq_extra, shape_s, replan_s
         self.slow = 1.0  # how much longer than TRUE its steps take under open-loop load
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -117,8 +119,9 @@ class FakeEngine:
         n = int(rate * params["duration_s"])
         arrivals = list(traffic(profile, Arrival(rate=rate), n))
         last = int(params["duration_s"] // 5)  # (the host's 5 s windows up to the last send)
-        drain = HostSpeed(5.0, (1.0,) * last + (self.drain_slow,) * 4 * last)
-        speed = drain if self.past_knee(params) and self.drain_slow != 1 else None
+        slow = self.drain_of(len(self.saturated()) - 1)
+        drain = HostSpeed(5.0, (1.0,) * last + (slow,) * 4 * last)
+        speed = drain if self.past_knee(params) and slow != 1 else None
         ttft, tpot = self.store_requests(run_id, arrivals, self.slow, self.seq_extra, speed)
         queued = not self.past_knee(params) and len(self.rates()) <= self.queued
         queue_s = 2 * ttft if queued else 0.0
@@ -171,9 +174,14 @@ class FakeEngine:
     def open_loop(self) -> list[dict[str, Any]]:
         return [p for _, p in self.calls if p.get("profile", {}).get("kind") == "fixed"]
 
+    def drain_of(self, past_knee: int) -> float:
+        """How much longer than the rest the drain of the run past the knee `past_knee`
+        (counting from 0) runs its steps."""
+        return self.drain_slow[min(past_knee, len(self.drain_slow) - 1)]
+
     @staticmethod
     def past_knee(params: dict[str, Any]) -> bool:
-        return bool(params["seed"] == SATURATED_PARAMS["seed"])
+        return bool(params["duration_s"] == SATURATED_PARAMS["duration_s"])
 
 
 def test_a_tuning_run_that_queued_is_made_again_at_half_the_rate(store: Engine) -> None:
@@ -272,24 +280,31 @@ def test_a_later_latency_run_is_checked_against_the_calibration_once(
     with pytest.raises(InvalidInput, match=f"run {queued} is a queued latency run"):
         calibration.check(store, cal, queued, CONFIG)
     # Kept with the calibration as stored; a calibration written while a check ran (here a
-    # retune landing during the first) is never overwritten: the check is made on it.
+    # retune landing during the first) is never overwritten: the check is made on it, the
+    # run's requests read once.
     target = q.add_target(store, q.parse_target({"name": "cpu", "base_url": "http://127.0.0.1:1"}))
     key = CALIBRATION_KEY.format("cpu")
     q.put_state(store, key, cal.model_dump(mode="json"))
     retuned = cal.model_copy(update={"load_scale": cal.load_scale * 1.3})
     made_on: list[float] = []
-    plain = calibration.check
+    reads: list[int] = []
+    plain, read = calibration._checked, calibration._replayed
 
-    def landing(store: Engine, on: Any, run: int, engine: Any) -> Any:
+    def landing(on: Any, run: Any, engine: Any, now: Any) -> Any:
         made_on.append(on.load_scale)
         if len(made_on) == 1:  # (a retune lands while the first check runs)
             time.sleep(0.01)
             q.put_state(store, key, retuned.model_dump(mode="json"))
-        return plain(store, on, run, engine)
+        return plain(on, run, engine, now)
 
-    monkeypatch.setattr(calibration, "check", landing)
+    def counted(store: Engine, run: int) -> Any:
+        reads.append(run)
+        return read(store, run)
+
+    monkeypatch.setattr(calibration, "_checked", landing)
+    monkeypatch.setattr(calibration, "_replayed", counted)
     kept = calibration.keep_check(store, target, run_id, Path("."))
-    assert made_on == [cal.load_scale, retuned.load_scale]
+    assert made_on == [cal.load_scale, retuned.load_scale] and reads == [run_id]
     stored = calibration.stored(store, "cpu")
     assert stored == kept and stored.load_scale == retuned.load_scale
     assert stored.checks[-1].drift == pytest.approx(1.0, rel=0.05)  # (the retune's scale)
@@ -352,21 +367,18 @@ def test_a_drain_on_a_slower_host_is_taken_at_the_arrivals_speed(
 ) -> None:
     """The run past the knee's drain ran on a host a quarter slower: its steps, on the clock
     its requests were sent by, say so, and the arrival is priced as the engine took it (its
-    drain alone says 0). The fake engine's answers carry no token times, so its steps are
-    made here, the drain's as slow as its requests'."""
+    drain alone says 0). The host moved within the run, so it is made again; the drain of
+    the run made again is as slow, and the first is kept. The fake engine's answers carry
+    no token times, so its steps are made here, the drain's as slow as its requests'."""
     engine = FakeEngine(store, arrival_s=0.002, drain_slow=1.25)
     read = calibration.steps_of
-
-    def steps_of(store: Engine, run_id: int) -> Steps:
-        if q.get_run(store, run_id).params.get("seed") != SATURATED_PARAMS["seed"]:
-            return read(store, run_id)
-        sends = [row[0] for row in q.replayable(store, run_id)]
-        return Steps(busy_steps(sends, 0.002, drain=1.25), 0, 0.003)
-
-    monkeypatch.setattr(calibration, "steps_of", steps_of)
+    monkeypatch.setattr(calibration, "steps_of", made_steps(engine, read))
     cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
     assert cal.arrival_s == pytest.approx(0.002, abs=0.0005)
-    said = engine.said[1]
+    assert [p["seed"] for p in engine.open_loop() if engine.past_knee(p)] == [23, 24]
+    moved, again, said = engine.said[1:4]
+    assert "; the host moved within it (its drain 2" in moved and "made again with" in moved
+    assert again.startswith("made again it ") and again.endswith("; the first kept")
     assert said.startswith("the run past the knee at ") and ", the drain's taken x0.8" in said
     assert "; a full batch's steps with nothing sent near them took " in said
     assert f"takes {cal.arrival_s * 1000:.2f} ms of the engine's steps" in said
@@ -375,6 +387,42 @@ def test_a_drain_on_a_slower_host_is_taken_at_the_arrivals_speed(
     assert plain.arrival_s < 0.0005
     said = [x for x in engine.said if x.startswith("the run past the knee at ")][-1]
     assert "; its answers show no step of a full batch (the drain taken as it ran);" in said
+
+
+def test_a_run_past_the_knee_the_host_moved_within_is_made_again_and_the_steadier_kept(
+    store: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BM and BQ: the drain ran in a slow spell, and a full batch's cost, fitted on the
+    drain as it ran, read a sequence +156 to +204 us a step. Made again on a steady host,
+    the full batch costs what it does."""
+    engine = FakeEngine(store, seq_extra=2e-4, drain_slow=(1.25, 1.0))
+    monkeypatch.setattr(calibration, "steps_of", made_steps(engine, calibration.steps_of))
+    cal = calibration.calibrate(store, engine.run, CONFIG, engine.said.append)
+    assert [p["seed"] for p in engine.open_loop() if engine.past_knee(p)] == [23, 24]
+    assert "the host moved within it" in engine.said[1]
+    assert "the first kept" not in " ".join(engine.said)
+    assert cal.load_seq_s == pytest.approx(2e-4, abs=5e-5)
+    # Kept as it ran, the slow drain's full batch would cost far more a sequence.
+    slow = FakeEngine(store, seq_extra=2e-4, drain_slow=1.25)
+    monkeypatch.setattr(calibration, "UNSTEADY_DRAIN", 1.0)  # (never made again)
+    kept = calibration.calibrate(store, slow.run, CONFIG, slow.said.append)
+    assert [p["seed"] for p in slow.open_loop() if slow.past_knee(p)] == [23]
+    assert kept.load_seq_s > cal.load_seq_s + 2e-4
+
+
+def made_steps(engine: FakeEngine, read: Callable[[Engine, int], Steps]) -> Any:
+    """`steps_of` for the fake engine's runs past the knee, whose answers carry no token
+    times: a full batch's steps back to back, each drain as slow as its requests'."""
+
+    def steps_of(store: Engine, run_id: int) -> Steps:
+        params = q.get_run(store, run_id).params
+        if not engine.past_knee(params):
+            return read(store, run_id)
+        nth = [p["seed"] for p in engine.open_loop() if engine.past_knee(p)].index(params["seed"])
+        sends = [row[0] for row in q.replayable(store, run_id)]
+        return Steps(busy_steps(sends, engine.arrival_s, drain=engine.drain_of(nth)), 0, 0.003)
+
+    return steps_of
 
 
 def test_a_run_past_the_knee_that_fails_leaves_arrivals_unpriced_and_says_why(
