@@ -243,7 +243,7 @@ def keep_check(
         calibration = Calibration.model_validate(found[0])
         engine = engine_of(store, target, calibration, data_dir)
         made = _checked(calibration, run, engine, None)
-        if q.replace_state(store, key, made.model_dump(mode="json"), found[1]):
+        if q.replace_state(store, key, made.model_dump(mode="json"), found.version):
             return made
     raise TargetError(
         f"target {target.name}'s calibration changed {KEEP_TRIES} times while run {run_id} "

@@ -4,7 +4,7 @@ rollup watermarks, each managed engine's state and log tail), one row per key.""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, select, update
 
@@ -24,7 +24,8 @@ def put_state(store: Engine, key: str, value: dict[str, Any]) -> None:
 
 def replace_state(store: Engine, key: str, value: dict[str, Any], version: int) -> bool:
     """Write `value` over the fact at `key` only while it is still the one `get_state`
-    read (its `version`): False where another writer came between, whose fact is kept."""
+    read (its `version`; a clock's tick can hold two writes): False where another writer
+    came between, whose fact is kept."""
     with transaction(store) as s:
         done = s.execute(
             update(WorkerState)
@@ -34,12 +35,20 @@ def replace_state(store: Engine, key: str, value: dict[str, Any], version: int) 
         return bool(done.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def get_state(store: Engine, key: str) -> tuple[dict[str, Any], int] | None:
-    """A published fact and its version (how many times it was written), which
-    `replace_state` compares."""
+class StoredFact(NamedTuple):
+    """A published fact as read: its value, when it was written, and its version (how many
+    times it was written), which `replace_state` compares."""
+
+    value: dict[str, Any]
+    updated_at: float
+    version: int
+
+
+def get_state(store: Engine, key: str) -> StoredFact | None:
+    """A published fact, when it was written and its version."""
     with session_factory(store)() as s:
         row = s.get(WorkerState, key)
-        return (dict(row.value), row.version) if row else None
+        return StoredFact(dict(row.value), row.updated_at, row.version) if row else None
 
 
 def states_under(store: Engine, prefix: str) -> dict[str, dict[str, Any]]:

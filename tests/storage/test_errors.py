@@ -144,7 +144,7 @@ def test_a_database_from_a_newer_kvscope_is_refused_untouched(tmp_path: Path, ur
     conn.commit()
     with pytest.raises(
         DatabaseTooNew,
-        match=r"written by a newer kvscope \(revision 0099; this kvscope knows up to 0007\)"
+        match=r"written by a newer kvscope \(revision 0099; this kvscope knows up to 0008\)"
         r": upgrade kvscope",
     ):
         open_store(url)

@@ -13,14 +13,15 @@ from storage import queries as q
 def test_a_fact_is_replaced_only_while_it_is_the_one_read(store: Engine) -> None:
     q.put_state(store, "calibration:cpu", {"scale": 1.0})
     read = q.get_state(store, "calibration:cpu")
-    assert read is not None
+    assert read is not None and read.version == 1
+    assert abs(read.updated_at - time.time()) < 60  # (when: the heartbeat's age reads it)
     q.put_state(store, "calibration:cpu", {"scale": 1.3})  # another writer came between
-    assert not q.replace_state(store, "calibration:cpu", {"scale": 1.0, "checks": 1}, read[1])
+    assert not q.replace_state(store, "calibration:cpu", {"scale": 1.0, "checks": 1}, read.version)
     again = q.get_state(store, "calibration:cpu")
     assert again is not None and again[0] == {"scale": 1.3}  # theirs kept
-    assert q.replace_state(store, "calibration:cpu", {"scale": 1.3, "checks": 1}, again[1])
+    assert q.replace_state(store, "calibration:cpu", {"scale": 1.3, "checks": 1}, again.version)
     assert q.get_state(store, "calibration:cpu")[0] == {"scale": 1.3, "checks": 1}  # type: ignore[index]
-    assert not q.replace_state(store, "calibration:none", {}, again[1])  # nothing to replace
+    assert not q.replace_state(store, "calibration:none", {}, again.version)  # nothing to replace
 
 
 def test_two_writes_in_one_clock_tick_are_still_told_apart(
@@ -33,5 +34,5 @@ def test_two_writes_in_one_clock_tick_are_still_told_apart(
     read = q.get_state(store, "calibration:cpu")
     assert read is not None
     q.put_state(store, "calibration:cpu", {"scale": 1.3})  # another writer, the same tick
-    assert not q.replace_state(store, "calibration:cpu", {"scale": 1.0, "checks": 1}, read[1])
+    assert not q.replace_state(store, "calibration:cpu", {"scale": 1.0, "checks": 1}, read.version)
     assert q.get_state(store, "calibration:cpu")[0] == {"scale": 1.3}  # type: ignore[index]
