@@ -272,6 +272,8 @@ def calibrate(
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:
         store.dispose()
+    if hint := retune_hint(fitted, time.time()):  # (an unsteady host: said at once)
+        typer.echo(hint, err=True)
     if as_json:
         typer.echo(fitted.model_dump_json(indent=2))
         return

@@ -558,17 +558,20 @@ SPLIT_RUNS = 2
 def retune_hint(calibration: Calibration, now: float) -> str | None:
     """What to run when the checks since the tune say the full batch's cost is off (the
     runs that queued drifted apart from those that did not: a retune keeps that cost, a
-    calibration measures it again), when the last DRIFTED_RUNS checks all ran their steps
-    more than DRIFTED longer, or all shorter, or when the tune is over STALE_AFTER_S old
-    (on a shared machine the step scale moved from about x1.2 to x2.0 between sessions);
-    None otherwise."""
+    calibration measures it again), when the tune was made on an unsteady host (its
+    windows' speeds more than UNSTEADY_SPAN apart), when the last DRIFTED_RUNS checks all
+    ran their steps more than DRIFTED longer, or all shorter, or when the tune is over
+    STALE_AFTER_S old (on a shared machine the step scale moved from about x1.2 to x2.0
+    between sessions); None otherwise."""
     tuned = calibration.tuned_at or calibration.fitted_at
     target = calibration.target or "NAME"
     since = [c for c in calibration.checks if tuned is None or c.at > tuned]
+    anew = f"kvscope simulate calibrate --target {target} (up to 10 minutes) measures it again"
     if split := _full_batch_split(since):
+        return f"{split}: the cost of a full batch is off, which a retune keeps; {anew}"
+    if unsteady := _unsteady_tune(calibration):
         return (
-            f"{split}: the cost of a full batch is off, which a retune keeps; kvscope simulate "
-            f"calibrate --target {target} (up to 10 minutes) measures it again"
+            f"{unsteady}: a calibration made while the machine is steadier predicts better; {anew}"
         )
     retune = (
         f"kvscope simulate calibrate --target {target} --retune (under a minute) measures it again"
@@ -584,6 +587,26 @@ def retune_hint(calibration: Calibration, now: float) -> str | None:
     return (
         f"the step cost was tuned {_ago(now - tuned)}, and a machine's speed under load moves "
         f"with time: {retune}"
+    )
+
+
+# A tuning run whose host ran its slowest window more than UNSTEADY_SPAN times as long as
+# its fastest was made on an unsteady host (`retune_hint`). On the CPU engine, since BA,
+# the runs tuned within 1.15 met 7-20 of 21 figures (BM's 7: its slow drain); BE at 1.21
+# met 6; BD and BQ-BT at 1.37-2.21 met 0-6.
+UNSTEADY_SPAN = 1.25
+
+
+def _unsteady_tune(calibration: Calibration) -> str | None:
+    """What the tuning run's host speed says where its windows spread past UNSTEADY_SPAN."""
+    if not calibration.speed:
+        return None
+    low, high = min(calibration.speed), max(calibration.speed)
+    if high <= UNSTEADY_SPAN * low:
+        return None
+    return (
+        f"the tuning run's host ran x{low:.2f} to x{high:.2f} window to window, x"
+        f"{high / low:.2f} apart (a steady host's within x{UNSTEADY_SPAN:.2f})"
     )
 
 

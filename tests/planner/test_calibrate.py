@@ -689,6 +689,23 @@ def test_runs_that_queued_drifting_apart_from_the_others_call_for_a_new_calibrat
     assert retune_hint(retuned, now) is None
 
 
+def test_a_tune_on_an_unsteady_host_calls_for_a_new_calibration() -> None:
+    """BT's tuning run ran its 5-s windows x0.61 to x1.35 (BD and BQ-BT spanned 1.37-2.21
+    and met 0-6 of 21 figures; the runs tuned within 1.15 met 7-20)."""
+    decodes, prefills = samples()
+    now = 1_000_000.0
+    cal = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": now - 60, "tuned_at": now - 60}
+    )
+    unsteady = cal.model_copy(update={"speed": [1.35, 0.92, 0.61, 1.04, 1.1, 0.98]})
+    hint = retune_hint(unsteady, now)
+    assert hint is not None
+    assert hint.startswith("the tuning run's host ran x0.61 to x1.35 window to window, x2.21")
+    assert "kvscope simulate calibrate --target cpu (" in hint and "--retune" not in hint
+    steady = cal.model_copy(update={"speed": [0.94, 1.07, 1.0, 0.98, 1.02, 1.01]})
+    assert retune_hint(steady, now) is None and retune_hint(cal, now) is None
+
+
 def test_the_tune_matches_the_mean_tpot_which_stalls_lengthen_and_the_median_does_not() -> None:
     """One answer in ten stalled to three times its quiet TPOT: the median TPOT is the
     quiet one, the mean a fifth longer. The engine's throughput past the knee follows its
