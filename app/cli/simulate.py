@@ -231,7 +231,7 @@ def calibrate(
         False,
         "--retune",
         help="Keep the stored quiet fit and make only its tuning run again (under a "
-        "minute): the machine's speed under load moves with time.",
+        "minute; two on an unsteady host): the machine's speed under load moves with time.",
     ),
 ) -> None:
     """Measure a managed engine (a batch sweep, lone requests of three prompt lengths, an

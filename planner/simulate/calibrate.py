@@ -393,10 +393,10 @@ class Calibration(BaseModel):
         many = "s" * (len(drifts) > 1)
         noisy = [c for c in self.checks if c.noise]
         noise = f", the host's noise from {len(noisy)} that did not queue" if noisy else ""
+        median = f" (median x{float(np.median(drifts)):.2f})" if many else ""
         return (
             f"{len(drifts)} later run{many} replayed at this cost ran {'their' if many else 'its'} "
-            f"steps x{min(drifts):.2f} to x{max(drifts):.2f} as long (median "
-            f"x{float(np.median(drifts)):.2f}){noise}"
+            f"steps {factor_span(drifts)} as long{median}{noise}"
         )
 
     def measured_error(self) -> str:
@@ -442,9 +442,8 @@ class Calibration(BaseModel):
                 f"{ttft[0]:+.0f} ms, p99 {ttft[1]:+.0f} ms)"
             )
         if self.speed:
-            low, high = min(self.speed), max(self.speed)
             tuned += (
-                f", host speed x{low:.2f} to x{high:.2f} over {len(self.speed)} windows of "
+                f", host speed {factor_span(self.speed)} over {len(self.speed)} windows of "
                 f"{SPEED_WINDOW_S:g} s"
             )
         if self.checks:
@@ -569,18 +568,18 @@ def retune_hint(calibration: Calibration, now: float) -> str | None:
     anew = f"kvscope simulate calibrate --target {target} (up to 10 minutes) measures it again"
     if split := _full_batch_split(since):
         return f"{split}: the cost of a full batch is off, which a retune keeps; {anew}"
-    if unsteady := _unsteady_tune(calibration):
+    if unsteady := unsteady_tune(calibration):
         return (
             f"{unsteady}: a calibration made while the machine is steadier predicts better; {anew}"
         )
     retune = (
-        f"kvscope simulate calibrate --target {target} --retune (under a minute) measures it again"
+        f"kvscope simulate calibrate --target {target} --retune (a minute or two) measures it again"
     )
     last = [c.drift for c in since[-DRIFTED_RUNS:]]
     if len(last) == DRIFTED_RUNS and (min(last) > 1 + DRIFTED or max(last) < 1 - DRIFTED):
         return (
-            f"the last {DRIFTED_RUNS} runs checked since the tune ran the steps x"
-            f"{min(last):.2f} to x{max(last):.2f} as long as calibrated: {retune}"
+            f"the last {DRIFTED_RUNS} runs checked since the tune ran the steps "
+            f"{factor_span(last)} as long as calibrated: {retune}"
         )
     if tuned is None or now - tuned <= STALE_AFTER_S:
         return None
@@ -591,22 +590,27 @@ def retune_hint(calibration: Calibration, now: float) -> str | None:
 
 
 # A tuning run whose host ran its slowest window more than UNSTEADY_SPAN times as long as
-# its fastest was made on an unsteady host (`retune_hint`). On the CPU engine, since BA,
+# its fastest was made on an unsteady host: the calibration makes it once more and keeps
+# the steadier (`probes.kinds.calibration`), and a kept one still past it calls for a new
+# calibration (`retune_hint`). On the CPU engine, since BA,
 # the runs tuned within 1.15 met 7-20 of 21 figures (BM's 7: its slow drain); BE at 1.21
 # met 6; BD and BQ-BT at 1.37-2.21 met 0-6.
 UNSTEADY_SPAN = 1.25
 
 
-def _unsteady_tune(calibration: Calibration) -> str | None:
+def speed_span(calibration: Calibration) -> float:
+    """How far apart the tuning run's host speed windows ran: the fastest over the slowest
+    (1 where none was measured)."""
+    return max(calibration.speed) / min(calibration.speed) if calibration.speed else 1.0
+
+
+def unsteady_tune(calibration: Calibration) -> str | None:
     """What the tuning run's host speed says where its windows spread past UNSTEADY_SPAN."""
-    if not calibration.speed:
-        return None
-    low, high = min(calibration.speed), max(calibration.speed)
-    if high <= UNSTEADY_SPAN * low:
+    if speed_span(calibration) <= UNSTEADY_SPAN:
         return None
     return (
-        f"the tuning run's host ran x{low:.2f} to x{high:.2f} window to window, x"
-        f"{high / low:.2f} apart (a steady host's within x{UNSTEADY_SPAN:.2f})"
+        f"the tuning run's host ran {factor_span(calibration.speed)} window to window, x"
+        f"{speed_span(calibration):.2f} apart (a steady host's within x{UNSTEADY_SPAN:.2f})"
     )
 
 
@@ -619,15 +623,16 @@ def _full_batch_split(checks: Sequence[Check]) -> str | None:
         return None
     if abs(float(np.median(full)) / float(np.median(other)) - 1) <= DRIFTED:
         return None
-
-    def span(drifts: list[float]) -> str:
-        low, high = min(drifts), max(drifts)
-        return f"x{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"x{low:.2f} to x{high:.2f}"
-
     return (
-        f"since the tune, the runs that queued (their batches full) ran the steps {span(full)} "
-        f"as long as calibrated, those that did not {span(other)}"
+        f"since the tune, the runs that queued (their batches full) ran the steps "
+        f"{factor_span(full)} as long as calibrated, those that did not {factor_span(other)}"
     )
+
+
+def factor_span(drifts: Sequence[float]) -> str:
+    """Factors as a person reads them: "x0.88 to x1.04", or "x1.04" where they agree."""
+    low, high = f"x{min(drifts):.2f}", f"x{max(drifts):.2f}"
+    return low if low == high else f"{low} to {high}"
 
 
 def _ago(seconds: float) -> str:

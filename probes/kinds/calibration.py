@@ -7,7 +7,8 @@ short open-loop run past the knee for the engine time each arriving request take
 requests arrived, `host_drift`, from its steps read back from its token times), then an
 open-loop run at a share of the quiet fit's capacity (the tune, with that arrival cost in
 its replays), made again at half the rate while it queued
-(`planner.simulate.calibrate.tuning_refused`); `retune` makes the tune alone again and
+(`planner.simulate.calibrate.tuning_refused`) and once at its rate where its host ran
+unsteady (`_steadier`); `retune` makes the tune alone again and
 keeps the arrival cost. The tune also reads the engine's steps back from the open-loop
 run's token times and fits on them beside the quiet measurements
 (`planner.simulate.calibrate.on_steps`). The run past the knee gives, last, a full batch's
@@ -53,8 +54,10 @@ from planner.simulate.calibrate import (
     quiet_fit,
     saturated_rate,
     shape_cost,
+    speed_span,
     tune,
     tuning_refused,
+    unsteady_tune,
 )
 from planner.simulate.engine import SHAPE_PLANS
 from planner.simulate.steps import Steps, TokenTimes, observed_steps
@@ -118,9 +121,9 @@ def retune(
     seed: int | None = None,
 ) -> Calibration:
     """The stored calibration's quiet fit tuned again on one new open-loop run at the rate it
-    was tuned at (under a minute, where the whole calibration takes several): a shared
-    machine's speed moves by more within an hour than the simulator's own error
-    (docs/simulator.md). Refused when `engine` is not the engine the quiet fit was made on.
+    was tuned at (under a minute, two on an unsteady host, where the whole calibration takes
+    several): a shared machine's speed moves by more within an hour than the simulator's own
+    error (docs/simulator.md). Refused when `engine` is not the engine the quiet fit was made on.
     Its prompts are new (`seed`, by default from the clock): the calibration's own again
     would meet vLLM's prefix cache and read fast."""
     changed = [
@@ -402,19 +405,15 @@ def _tuned(
     say: Callable[[str], None],
 ) -> tuple[Calibration, _TuningRun]:
     """`fitted` tuned on an open-loop run at `rate`, made again at half the rate, with
-    prompts of its own (`seed` + try), while it queued; and the tune on that run again, of
-    a calibration changed since (its steps already fitted on)."""
+    prompts of its own (`seed` + try), while it queued, and once more at its rate where its
+    host ran unsteady (`_steadier`); and the tune on that run again, of a calibration
+    changed since (its steps already fitted on)."""
     refused: list[str] = []
     for attempt in range(LOAD_TRIES):
-        load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate, seed=seed + attempt))
-        loaded = LoadRun.model_validate(summary)
-        why = tuning_refused(loaded)
-        if why is None and loaded.tune_figures is not None:  # (refused without them)
-            (requests, measured), _ = _replayed(store, load_id)
-            made = _TuningRun(requests, rate, loaded.tune_figures, measured)
-            steps = steps_of(store, load_id).steps
-            return tune(fitted, made.requests, rate, *made.figures, made.measured, steps), made
-        refused.append(f"at {rate:g} req/s it {why}")
+        made = _tuning_run(store, run, fitted, rate, seed + attempt)
+        if not isinstance(made, str):
+            return _steadier(store, run, fitted, made, seed + LOAD_TRIES, say)
+        refused.append(f"at {rate:g} req/s it {made}")
         say(f"the open-loop run to tune on {refused[-1]}; again at half the rate")
         rate = round(rate / 2, 2)
     raise TargetError(
@@ -423,3 +422,45 @@ def _tuned(
         + ". The host (API server and load generator beside the engine) cannot keep up: "
         "calibrate with fewer other processes on the machine"
     )
+
+
+def _tuning_run(
+    store: Engine, run: RunProbe, fitted: Calibration, rate: float, seed: int
+) -> tuple[Calibration, _TuningRun] | str:
+    """`fitted` tuned on one open-loop run at `rate` and that run; or why it was refused."""
+    load_id, summary = run("latency", dict(LOAD_PARAMS, rate=rate, seed=seed))
+    loaded = LoadRun.model_validate(summary)
+    if (why := tuning_refused(loaded)) is not None:
+        return why
+    assert loaded.tune_figures is not None  # (a run without them is refused)
+    (requests, measured), _ = _replayed(store, load_id)
+    made = _TuningRun(requests, rate, loaded.tune_figures, measured)
+    steps = steps_of(store, load_id).steps
+    return tune(fitted, made.requests, rate, *made.figures, made.measured, steps), made
+
+
+def _steadier(
+    store: Engine,
+    run: RunProbe,
+    fitted: Calibration,
+    first: tuple[Calibration, _TuningRun],
+    seed: int,
+    say: Callable[[str], None],
+) -> tuple[Calibration, _TuningRun]:
+    """`first`, or where its host's speed windows spread past UNSTEADY_SPAN, the run made
+    once more at its rate (prompts of `seed`) if that one's spread less: a tune on a
+    disturbed host fits the disturbance (docs/simulator.md, "Where it stands")."""
+    unsteady = unsteady_tune(first[0])
+    if unsteady is None:
+        return first
+    say(f"{unsteady}: the run to tune on made again")
+    second = _tuning_run(store, run, fitted, first[1].rate, seed)
+    if isinstance(second, str):
+        say(f"the run made again {second}; the first kept")
+        return first
+    kept = min((first, second), key=lambda made: speed_span(made[0]))
+    say(
+        f"the run made again ran its windows x{speed_span(second[0]):.2f} apart; the "
+        f"{'first' if kept is first else 'second'} kept"
+    )
+    return kept
