@@ -63,10 +63,14 @@ def test_a_retune_measures_the_engine_again_and_keeps_the_quiet_fit(
     assert again.load_scale != stored.load_scale  # the real engine is not the made-up fit
     # How far the stored calibration missed the new run is kept as a check.
     assert [c.run for c in again.checks] == ["retune"] and again.checks[0].drift != 1.0
-    # One open-loop run of the tuning shape at the stored rate, with prompts of its own.
+    # One open-loop run of the tuning shape at the stored rate, with prompts of its own;
+    # made once more where the host ran it unsteady (a busy machine), said on stderr.
     runs = [r for r in q.list_runs(store, kind="latency") if r.id not in before]
-    assert len(runs) == 1 and runs[0].status == "done"
-    assert runs[0].params["rate"] == 2.0 and runs[0].params["seed"] != LOAD_PARAMS["seed"]
+    made_again = "the run to tune on made again" in res.stderr
+    assert len(runs) == 1 + made_again and all(r.status == "done" for r in runs)
+    assert {r.params["rate"] for r in runs} == {2.0}
+    seeds = {r.params["seed"] for r in runs}
+    assert len(seeds) == len(runs) and LOAD_PARAMS["seed"] not in seeds
     # Stored: a prediction reads the new tune, and no longer says to make it again.
     found = q.get_state(store, CALIBRATION_KEY.format("embedded"))
     assert found is not None and Calibration.model_validate(found[0]) == again
