@@ -248,6 +248,23 @@ def test_a_tuning_run_on_an_unsteady_host_is_made_again_and_the_steadier_kept(
     assert speed_span(again) < 1.05
 
 
+def test_an_unsteady_tuning_run_whose_second_run_queued_is_kept(store: Engine) -> None:
+    """The run made again is refused as any tuning run is (it queued): the first is kept,
+    and said so."""
+    engine = FakeEngine(store, tune_speed=((1.0, 1.0, 1.8, 1.0, 0.8, 1.0), (1.0,)))
+
+    def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        run_id, summary = engine.run(kind, params)
+        if params.get("seed") == LOAD_PARAMS["seed"] + LOAD_TRIES:  # (the run made again)
+            summary = dict(summary, engine={"queue_time": {"mean": 10.0}})
+        return run_id, summary
+
+    cal = calibration.calibrate(store, run, CONFIG, engine.said.append)
+    said = " ".join(engine.said)
+    assert "the run made again queued: 10,000 ms in the engine's queue" in said
+    assert "; the first kept" in said and speed_span(cal) > UNSTEADY_SPAN
+
+
 def test_an_engine_that_queues_at_every_rate_is_refused_with_each_reason(store: Engine) -> None:
     engine = FakeEngine(store, queued=LOAD_TRIES)
     with pytest.raises(TargetError, match="could not be tuned") as refused:
