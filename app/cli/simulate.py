@@ -265,10 +265,7 @@ def calibrate(
             fitted = measurements.retune(store, run, stored, engine, say=say)
             fitted = fitted.model_copy(update={"tuned_at": time.time()})
         else:
-            now = time.time()
-            fitted = measurements.calibrate(store, run, engine, say=say).model_copy(
-                update={"target": target, "fitted_at": now, "tuned_at": now}
-            )
+            fitted = measurements.calibrate_anew(store, run, engine, target, say=say)
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
     finally:
         store.dispose()

@@ -614,6 +614,38 @@ def unsteady_tune(calibration: Calibration) -> str | None:
     )
 
 
+# A new calibration whose engine completes more than MOVED times as many, or as few,
+# requests a second as the previous one of the same engine did as its latest checks ran
+# (`moved_since`) was measured on a host that moved: BW's whole calibration ran in a slow
+# spell (its quiet step's overhead 4.94 ms where BU's and BV's read 2.07 and 1.30), and
+# the runs after ran their steps at a median x0.46 of it.
+MOVED = 1.5
+
+
+def moved_since(previous: Calibration, new: Calibration, now: float) -> str | None:
+    """What a new calibration of the same engine says of its host against the previous
+    one, taken at the speed its last DRIFTED_RUNS checks since its tune ran (as calibrated
+    where none): None within MOVED, or for another engine (not comparable)."""
+    if previous.engine != new.engine:
+        return None
+    tuned = previous.tuned_at or previous.fitted_at
+    since = [c.drift for c in previous.checks if tuned is None or c.at > tuned]
+    last = since[-DRIFTED_RUNS:]
+    drift = float(np.median(last)) if last else 1.0
+    said = capacity_estimate(previous)
+    before, now_rps = said / drift, capacity_estimate(new)
+    if 1 / MOVED <= before / now_rps <= MOVED:
+        return None
+    when = f" (fitted {_ago(now - previous.fitted_at)})" if previous.fitted_at else ""
+    as_run = f", {before:.3g} at the speed its last {len(last)} runs checked ran" if last else ""
+    return (
+        f"this calibration says the engine completes {now_rps:.3g} req/s with every slot "
+        f"full; the previous one{when} said {said:.3g}{as_run}: the host ran "
+        f"{'slower' if before > now_rps else 'faster'} while this one measured, and if that "
+        "was a passing spell, the runs checked next call for a retune"
+    )
+
+
 def _full_batch_split(checks: Sequence[Check]) -> str | None:
     """What the checks say where the runs that queued (full batches) and those that did
     not drifted more than DRIFTED apart (medians, SPLIT_RUNS on each side at least)."""

@@ -26,6 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 
 from planner.errors import InvalidInput, TargetError
@@ -49,6 +50,7 @@ from planner.simulate.calibrate import (
     full_batch,
     host_drift,
     load_rate,
+    moved_since,
     noise_of,
     queued_spread,
     quiet_fit,
@@ -110,6 +112,28 @@ def calibrate(
         return tuned
     full = full_batch(tuned, *past, again)
     return full.model_copy(update={"queued_tpot": queued_spread(full, *past)})
+
+
+def calibrate_anew(
+    store: Engine,
+    run: RunProbe,
+    engine: EngineConfig,
+    target: str,
+    say: Callable[[str], None] = print,
+) -> Calibration:
+    """`calibrate` for `target` (not stored here), and where it had a calibration before,
+    what the new one says of the host against it (`moved_since`), said."""
+    try:
+        previous = stored(store, target)
+    except ValidationError:  # (stored in a form no longer read: replaced, not compared)
+        previous = None
+    now = time.time()
+    fitted = calibrate(store, run, engine, say).model_copy(
+        update={"target": target, "fitted_at": now, "tuned_at": now}
+    )
+    if previous is not None and (moved := moved_since(previous, fitted, now)):
+        say(moved)
+    return fitted
 
 
 def retune(

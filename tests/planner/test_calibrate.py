@@ -4,6 +4,7 @@ scenario keeps what the measurements fixed."""
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -32,6 +33,7 @@ from planner.simulate.calibrate import (
     host_speed,
     load_rate,
     lone_decodes,
+    moved_since,
     noise_of,
     on_steps,
     prefill_samples,
@@ -704,6 +706,38 @@ def test_a_tune_on_an_unsteady_host_calls_for_a_new_calibration() -> None:
     assert "kvscope simulate calibrate --target cpu (" in hint and "--retune" not in hint
     steady = cal.model_copy(update={"speed": [0.94, 1.07, 1.0, 0.98, 1.02, 1.01]})
     assert retune_hint(steady, now) is None and retune_hint(cal, now) is None
+
+
+def test_a_calibration_on_a_host_that_moved_since_the_previous_one_says_so() -> None:
+    """BW's whole calibration ran in a slow spell, its runs after at a median x0.46 of it.
+    A new calibration is set beside the previous one of the same engine, at the speed the
+    previous one's latest checked runs ran: within x1.5 it says nothing."""
+    decodes, prefills = samples()
+    now = 1_000_000.0
+    previous = fit(decodes, prefills, CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": now - 3 * 3600, "tuned_at": now - 3 * 3600}
+    )
+    slow = previous.model_copy(update={"load_scale": 2.0})
+    said = moved_since(previous, slow, now)
+    assert said is not None and "the host ran slower while this one measured" in said
+    rates = re.search(r"completes ([0-9.]+) req/s .* \(fitted 3 h ago\) said ([0-9.]+):", said)
+    assert rates is not None and float(rates[2]) / float(rates[1]) == pytest.approx(2, rel=0.05)
+    assert "at the speed" not in said
+    assert moved_since(slow, previous, now) is not None  # (and faster)
+    assert "the host ran faster" in str(moved_since(slow, previous, now))
+    assert moved_since(previous, previous.model_copy(update={"load_scale": 1.3}), now) is None
+    # The previous one's last three runs ran their steps twice as long as it said: the
+    # host already ran at the new calibration's speed.
+    runs = [Check(at=now - 3600 + i, drift=d, run=f"latency run {i}") for i, d in
+            enumerate((1.0, 2.1, 1.9, 2.0))]  # fmt: skip
+    checked = previous.model_copy(update={"checks": runs})
+    assert moved_since(checked, slow, now) is None
+    said = moved_since(checked, previous, now)
+    assert said is not None and "at the speed its last 3 runs checked ran" in said
+    assert "the host ran faster" in said
+    # Another engine is another cost: not compared.
+    other = slow.model_copy(update={"engine": {**slow.engine, "max_num_seqs": 4}})
+    assert moved_since(previous, other, now) is None
 
 
 def test_the_tune_matches_the_mean_tpot_which_stalls_lengthen_and_the_median_does_not() -> None:

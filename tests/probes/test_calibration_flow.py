@@ -265,6 +265,28 @@ def test_an_unsteady_tuning_run_whose_second_run_queued_is_kept(store: Engine) -
     assert "; the first kept" in said and speed_span(cal) > UNSTEADY_SPAN
 
 
+def test_a_new_calibration_on_a_slower_host_says_so_against_the_previous_one(
+    store: Engine,
+) -> None:
+    """BW: a whole calibration in a slow spell shows nothing unsteady in itself; set beside
+    the target's previous calibration of the same engine, it says the host ran slower. A
+    calibration stored in a form no longer read is replaced, not compared."""
+    key = CALIBRATION_KEY.format("cpu")
+    q.put_state(store, key, {"overhead": "a form no longer read"})
+    engine = FakeEngine(store)
+    first = calibration.calibrate_anew(store, engine.run, CONFIG, "cpu", engine.said.append)
+    assert first.target == "cpu" and first.fitted_at == first.tuned_at is not None
+    assert not [s for s in engine.said if "the previous one" in s]
+    q.put_state(store, key, first.model_dump(mode="json"))
+    again = calibration.calibrate_anew(store, engine.run, CONFIG, "cpu", engine.said.append)
+    assert not [s for s in engine.said if "the previous one" in s]  # (the same host)
+    engine.slow = 2.0  # every step under load twice as long, from now on
+    calibration.calibrate_anew(store, engine.run, CONFIG, "cpu", engine.said.append)
+    moved = [s for s in engine.said if "the previous one" in s]
+    assert len(moved) == 1 and "the host ran slower while this one measured" in moved[0]
+    assert again.load_scale == pytest.approx(first.load_scale, rel=0.05)
+
+
 def test_an_engine_that_queues_at_every_rate_is_refused_with_each_reason(store: Engine) -> None:
     engine = FakeEngine(store, queued=LOAD_TRIES)
     with pytest.raises(TargetError, match="could not be tuned") as refused:
