@@ -365,6 +365,16 @@ class Calibration(BaseModel):
         """The API's time per request under load."""
         return max(self.api_s + self.load_api_s, 0.0)
 
+    @property
+    def last_tuned(self) -> float | None:
+        """When its step cost was last tuned (a calibration without a tune: when fitted)."""
+        return self.tuned_at or self.fitted_at
+
+    def checks_since_tune(self) -> list[Check]:
+        """Its checks of runs made since that tune, oldest first."""
+        tuned = self.last_tuned
+        return [c for c in self.checks if tuned is None or c.at > tuned]
+
     def config(self) -> EngineConfig:
         """The engine settings it was fitted on."""
         return EngineConfig(**self.engine)  # type: ignore[arg-type]
@@ -562,9 +572,9 @@ def retune_hint(calibration: Calibration, now: float) -> str | None:
     ran their steps more than DRIFTED longer, or all shorter, or when the tune is over
     STALE_AFTER_S old (on a shared machine the step scale moved from about x1.2 to x2.0
     between sessions); None otherwise."""
-    tuned = calibration.tuned_at or calibration.fitted_at
+    tuned = calibration.last_tuned
     target = calibration.target or "NAME"
-    since = [c for c in calibration.checks if tuned is None or c.at > tuned]
+    since = calibration.checks_since_tune()
     anew = f"kvscope simulate calibrate --target {target} (up to 10 minutes) measures it again"
     if split := _full_batch_split(since):
         return f"{split}: the cost of a full batch is off, which a retune keeps; {anew}"
@@ -628,9 +638,7 @@ def moved_since(previous: Calibration, new: Calibration, now: float) -> str | No
     where none): None within MOVED, or for another engine (not comparable)."""
     if previous.engine != new.engine:
         return None
-    tuned = previous.tuned_at or previous.fitted_at
-    since = [c.drift for c in previous.checks if tuned is None or c.at > tuned]
-    last = since[-DRIFTED_RUNS:]
+    last = [c.drift for c in previous.checks_since_tune()[-DRIFTED_RUNS:]]
     drift = float(np.median(last)) if last else 1.0
     said = capacity_estimate(previous)
     before, now_rps = said / drift, capacity_estimate(new)

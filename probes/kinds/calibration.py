@@ -213,7 +213,7 @@ def _checked(
     calibration: Calibration, run: _LaterRun, engine: EngineConfig, now: float | None
 ) -> Calibration:
     found, label = run.row, run_label(run.row.id)
-    tuned = calibration.tuned_at or calibration.fitted_at
+    tuned = calibration.last_tuned
     if tuned is not None and (found.started_at or found.created_at) < tuned:
         raise InvalidInput(
             f"run {found.id} started before the calibration was tuned: check a latency run "
