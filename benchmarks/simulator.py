@@ -21,6 +21,7 @@ near the engine comes to itself on this machine.
 
     .venv/bin/python -m benchmarks.simulator            # the fidelity table (~13 min)
     .venv/bin/python -m benchmarks.simulator --speed    # one core's time for 100,000 requests
+    .venv/bin/python -m benchmarks.simulator --keep DIR # and keep the stores to read after
 """
 
 from __future__ import annotations
@@ -435,6 +436,11 @@ def main() -> None:
     ap.add_argument(
         "--seed", type=int, help="the runs' prompts and send times (default: from the clock)"
     )
+    ap.add_argument(
+        "--keep", type=Path, metavar="DIR",
+        help="keep the two engines' stores in DIR (engine.db, small-kv.db): the runs' request "
+        "records, scrapes and checks, to read after the benchmark",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.speed:
         speed(args.requests, runs=3)
@@ -450,7 +456,9 @@ def main() -> None:
     seed = args.seed if args.seed is not None else time.time_ns() % 2**31
     seeds = {w[0]: seed + i for i, w in enumerate(WORKLOADS)}
     print(f"traffic seed {seed} (workload i: seed + i)", flush=True)
-    with injection.diag_worker(venv, ENGINE) as (worker, request):
+    keep = args.keep.resolve() if args.keep else None
+    kept = {name: keep / f"{name}.db" if keep else None for name in ("engine", "small-kv")}
+    with injection.diag_worker(venv, ENGINE, keep=kept["engine"]) as (worker, request):
         cal = calibrate(worker, request)
         print(cal.describe(), flush=True)
         print(f"  {cal.quiet_step()}", flush=True)
@@ -472,7 +480,7 @@ def main() -> None:
             if first is not None and again is not None:
                 itself(workload[0], first, again, self_tally)
     # The same engine with a KV cache small enough to preempt: its own start, the same fit.
-    with injection.diag_worker(venv, ENGINE | SMALL_KV) as (worker, request):
+    with injection.diag_worker(venv, ENGINE | SMALL_KV, keep=kept["small-kv"]) as (worker, request):
         for workload in WORKLOADS:
             if workload[5]:
                 _, cal = measure(
@@ -489,6 +497,8 @@ def main() -> None:
         f"{cal.checks_said()}; {time.time() - started:.0f} s in all"
     )
     print(f"what the checks call for: {retune_hint(cal, time.time()) or 'nothing'}")
+    if keep:
+        print(f"the stores are kept in {keep}")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ from storage.settings import Settings
 from tests.support.waiting import free_port, queue_and_wait
 
 NAME = "diag"
+
+
+def copy_store(source: Path, keep: Path) -> None:
+    """A copy of a SQLite store through SQLite's backup (a plain copy would leave out what
+    is still in the write-ahead log)."""
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.unlink(missing_ok=True)
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(keep)) as dst:
+        src.backup(dst)
+
+
 CAUSES = ("none", "queueing", "kv_pressure", "prefill_interference", "down")
 MIX = {"kind": "empirical", "pairs": [[64, 48], [7000, 8]], "weights": [8, 1]}
 LOADS: dict[str, dict[str, Any]] = {
@@ -177,12 +189,13 @@ def diag_worker(
     engine_venv: Path,
     spec_update: dict[str, Any] | None = None,
     adjust: Callable[[EngineSpec], EngineSpec] | None = None,
+    keep: Path | None = None,
 ) -> Iterator[tuple[Worker, Request]]:
     """For the benchmarks: a worker of their own on a throwaway store, ticking in a thread,
     with the diag engine started (its spec changed by `spec_update`, then by `adjust`, if
-    given); everything
-    stopped afterwards. Yields the worker and a `request(kind, target=..., **params)` that
-    queues a run and waits for its outcome."""
+    given); everything stopped afterwards, and the store copied to `keep` if given (to read
+    a run's records and scrapes after the benchmark). Yields the worker and a
+    `request(kind, target=..., **params)` that queues a run and waits for its outcome."""
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as folder:
         settings = Settings(
             data_dir=Path(folder), scrape_interval_s=1.0, engine_venv=engine_venv,
@@ -220,3 +233,5 @@ def diag_worker(
             for manager in worker.engines.values():
                 manager.stop(timeout=10)
             worker.stop()
+            if keep is not None:
+                copy_store(Path(folder) / "kvscope.db", keep)
