@@ -14,7 +14,9 @@ from the calibration's fit error and host speed: does it cover the measurement?)
 retune and each run is then kept with the calibration as a check (`kvscope simulate
 check`), and from three checks on a second interval draws its drift from them, and its
 pool of host noise from the runs among them that did not queue: the first workload's
-comes from the fit error alone. Prints one row per workload
+comes from the fit error alone. From three checks on, a prediction takes the step cost at
+their geometric mean, as a user's does (`Calibration.checked_scale`), and the cost as
+fitted is scored beside it. Prints one row per workload
 and figure, with the issue's targets and whether each is met. The two workloads at the knee
 run twice, and the second run is scored against the first as a prediction would be: how
 near the engine comes to itself on this machine.
@@ -155,6 +157,21 @@ def _met(key: str, pred: float | None, meas: float | None) -> bool:
     return err is not None and abs(err) <= TARGETS[key]
 
 
+def _counted(key: str, m: dict[str, Any], meas: float | None, pred: float | None) -> bool:
+    """Whether a figure is scored: not preemptions where neither side had any, not the
+    client's TPOT where its answers came whole (latency.bursts)."""
+    return not (key == "preempt" and not meas and not pred) and not (
+        key == "tpot_p50" and m.get("bursts")
+    )
+
+
+def met_count(m: dict[str, Any], p: Any) -> tuple[int, int]:
+    """How many of `p`'s scored figures met their targets against `m`, and of how many."""
+    met = [_met(key, pred, meas) for _, key, meas, pred in _figures(m, p)
+           if _counted(key, m, meas, pred)]  # fmt: skip
+    return sum(met), len(met)
+
+
 def score(
     name: str,
     rate: str,
@@ -171,7 +188,7 @@ def score(
     for i, (label, key, meas, pred) in enumerate(_figures(m, p)):
         if key == "preempt" and not meas and not pred:
             continue
-        if key == "tpot_p50" and m.get("bursts"):
+        if not _counted(key, m, meas, pred):
             # The client saw whole answers: its TPOT is not the engine's (latency.bursts).
             seen = Measurement.model_validate(m).engine
             engine = None if seen is None else seen.tpot.mean
@@ -283,14 +300,17 @@ def measure(
     tally: list[int],
     seed: int,
     retuned: list[int] | None = None,
+    centred: list[int] | None = None,
 ) -> tuple[dict[str, Any] | None, Calibration]:
     """Run one workload on the engine (its prompts and send times drawn with `seed`),
     predict it, print its rows; the run's summary, and
     `cal` with its checks of the runs made (`kvscope simulate check`). With `retuned` (its
     tally), the calibration is first re-tuned on the engine as `kvscope simulate calibrate
     --retune` does, and that prediction shown too: the calibration's drift over minutes,
-    not over the whole benchmark. The step cost stays the calibration's; the checks only
-    give its interval's drift."""
+    not over the whole benchmark. The step cost stays the calibration's, taken at the scale
+    its checks measured from three on (`Calibration.checked_scale`); with `centred` (its
+    tally: met as fitted, met at that scale, figures), the prediction at the cost as
+    fitted is scored beside it there."""
     name, profile, _, arrival, cv, _ = workload
     again = None
     if retuned is not None:
@@ -308,6 +328,13 @@ def measure(
     traffic = replay(q.replayable(worker.store, run.id))
     # The host's noise and speed are drawn: the median of five draws on the run's requests.
     same = _drawn(scenario, rate, traffic)
+    if centred is not None and (scale := cal.checked_scale()) != 1.0:
+        fitted = _drawn(replace(scenario, cost=scenario.cost.scaled(1 / scale)), rate, traffic)
+        (plain, n), (at_scale, _) = met_count(run.summary, fitted), met_count(run.summary, same)
+        for i, count in enumerate((plain, at_scale, n)):
+            centred[i] += count
+        print(f"| {name} | {rate:g} | figures met at the checks' x{scale:.2f} of the cost, and "
+              f"as fitted | {at_scale}/{n}, as fitted {plain}/{n} |", flush=True)  # fmt: skip
     bare = predict(replace(scenario, noise=(), speed=(), queued_tpot=()), rate, requests=traffic)
     # The scheduler's own error, without the calibration's: the step cost and API time tuned
     # on this run (as the calibration tunes on its own run, on this run's engine: the small
@@ -447,6 +474,7 @@ def main() -> None:
         return
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     tally = [0, 0, 0, 0, 0]
+    centred = [0, 0, 0]
     self_tally = [0, 0]
     retuned = [0, 0]
     started = time.time()
@@ -468,7 +496,7 @@ def main() -> None:
             if not workload[5]:
                 firsts[workload[0]], cal = measure(
                     worker, request, cal, workload, args.duration, tally, seeds[workload[0]],
-                    retuned,
+                    retuned, centred,
                 )  # fmt: skip
         # The engine against itself: the knee's two workloads again, the same requests.
         for workload in WORKLOADS[:2]:
@@ -484,7 +512,14 @@ def main() -> None:
         for workload in WORKLOADS:
             if workload[5]:
                 _, cal = measure(
-                    worker, request, cal, workload, args.duration, tally, seeds[workload[0]]
+                    worker,
+                    request,
+                    cal,
+                    workload,
+                    args.duration,
+                    tally,
+                    seeds[workload[0]],
+                    centred=centred,
                 )
     print()
     print(
@@ -493,7 +528,9 @@ def main() -> None:
         f"drawn from later runs' checks {tally[3]}/{tally[4]}; "
         f"the engine run again met {self_tally[0]}/{self_tally[1]} of the same targets against "
         f"its first run; re-tuned just before each run (not the small KV's engine, which "
-        f"was not fitted), {retuned[0]}/{retuned[1]} figures within their targets; "
+        f"was not fitted), {retuned[0]}/{retuned[1]} figures within their targets; where "
+        f"the checks set the cost's scale, {centred[1]}/{centred[2]} at it and "
+        f"{centred[0]}/{centred[2]} at the cost as fitted; "
         f"{cal.checks_said()}; {time.time() - started:.0f} s in all"
     )
     print(f"what the checks call for: {retune_hint(cal, time.time()) or 'nothing'}")

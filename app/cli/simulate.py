@@ -263,7 +263,6 @@ def calibrate(
         if retune:
             stored = _stored_calibration(target, store)
             fitted = measurements.retune(store, run, stored, engine, say=say)
-            fitted = fitted.model_copy(update={"tuned_at": time.time()})
         else:
             fitted = measurements.calibrate_anew(store, run, engine, target, say=say)
         q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
@@ -287,8 +286,9 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print the check as JSON."),
 ) -> None:
     """Replay a latency run made on the engine since its calibration at the calibration's
-    step cost, and keep how many times as long its steps ran: from three such checks on, a
-    prediction's 80 % interval draws its drift from them."""
+    step cost, and keep how many times as long its steps ran: from three such checks since
+    the tune on, a prediction takes its step cost at their geometric mean, and its 80 %
+    interval draws its drift around it."""
     from probes.kinds import calibration as measurements
     from storage import queries as q
     from storage.db import open_store

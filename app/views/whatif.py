@@ -261,9 +261,11 @@ def render() -> None:
                     "Each run's requests replayed at the calibrated step cost: how many "
                     "times as long its steps took, and the host's stalls it met (the p99 "
                     "of what that replay leaves of each TTFT; kept for the newest runs "
-                    "that did not queue). From three on, the p99 interval draws its drift "
-                    "and its host noise from these. Runs that queued ran full batches: where "
-                    "they drift apart from the others, the full batch's cost is off."
+                    "that did not queue). From three since the tune on, a prediction takes "
+                    "the step cost at their geometric mean, and the p99 interval draws its "
+                    "drift around it and its host noise from these. Runs that queued ran "
+                    "full batches: where they drift apart from the others, the full batch's "
+                    "cost is off."
                 )
                 st.dataframe(
                     [

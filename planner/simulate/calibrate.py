@@ -47,6 +47,7 @@ from planner.simulate.engine import (
     simulate,
 )
 from planner.simulate.steps import ObservedStep
+from planner.simulate.whatif import MIN_CHECKS
 
 _T = TypeVar("_T")
 
@@ -331,8 +332,9 @@ class Calibration(BaseModel):
     # unmeasured.
     shape_s: float = Field(0.0, ge=0)
     replan_s: float = Field(0.0, ge=0)
-    # Later runs of the engine replayed at this cost (`Check`), oldest first: the drift a
-    # prediction's interval draws once there are MIN_CHECKS (`planner.simulate.whatif.drift`).
+    # Later runs of the engine replayed at this cost (`Check`), oldest first: from
+    # MIN_CHECKS since the tune on, what a prediction takes its step cost at
+    # (`checked_scale`) and its interval draws its drift from (`planner.simulate.whatif.drift`).
     checks: list[Check] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -374,6 +376,22 @@ class Calibration(BaseModel):
         """Its checks of runs made since that tune, oldest first."""
         tuned = self.last_tuned
         return [c for c in self.checks if tuned is None or c.at > tuned]
+
+    def checked_scale(self) -> float:
+        """The scale a prediction takes its step cost at: from MIN_CHECKS checks since the
+        tune on, the geometric mean of their drifts (the centre its interval's drift is drawn
+        around); 1 before, as fitted.
+
+        Why: a calibration is one moment of a shared host, and the runs after it ran their
+        steps at a level of its own: over the benchmark runs BQ-BZ the median of each one's
+        seven checked runs read x0.46 to x1.48. The geometric mean of the runs checked
+        before predicted the next one's drift within 10 % 18 times in 40, where 1 (the cost
+        as fitted) did 11 times, and came nearer in 33 (docs/simulator-log.md, "A
+        prediction at its checks' scale")."""
+        drifts = [c.drift for c in self.checks_since_tune()]
+        if len(drifts) < MIN_CHECKS:
+            return 1.0
+        return math.exp(float(np.mean(np.log(drifts))))
 
     def config(self) -> EngineConfig:
         """The engine settings it was fitted on."""
@@ -458,6 +476,11 @@ class Calibration(BaseModel):
             )
         if self.checks:
             tuned += f"; {self.checks_said()}"
+        if (scale := self.checked_scale()) != 1.0:
+            tuned += (
+                f"; predicted at x{scale:.2f} of this cost, as the {len(self.checks_since_tune())} "
+                "runs checked since the tune ran their steps (geometric mean)"
+            )
         if now is not None and self.fitted_at is not None:
             tuned += f"; fitted {_ago(now - self.fitted_at)}"
             if self.tuned_at is not None and abs(self.tuned_at - self.fitted_at) > 60:
@@ -616,11 +639,12 @@ def speed_span(calibration: Calibration) -> float:
 
 def unsteady_tune(calibration: Calibration) -> str | None:
     """What the tuning run's host speed says where its windows spread past UNSTEADY_SPAN."""
-    if speed_span(calibration) <= UNSTEADY_SPAN:
+    span = speed_span(calibration)
+    if span <= UNSTEADY_SPAN:
         return None
     return (
         f"the tuning run's host ran {factor_span(calibration.speed)} window to window, x"
-        f"{speed_span(calibration):.2f} apart (a steady host's within x{UNSTEADY_SPAN:.2f})"
+        f"{span:.2f} apart (a steady host's within x{UNSTEADY_SPAN:.2f})"
     )
 
 

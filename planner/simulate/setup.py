@@ -234,18 +234,21 @@ def calibrated_scenario(
 
 
 def measured_by(scenario: Scenario, calibration: Calibration) -> Scenario:
-    """`scenario` with what `calibration` measured of its engine: the step cost, the API's
-    time, the fit error, the host's noise and speed, the TPOT spread where the queue
-    stood and later runs' drifts and noise (one place, for `calibrated_scenario` and the
-    benchmarks)."""
+    """`scenario` with what `calibration` measured of its engine: the step cost (at the
+    scale its checks since the tune ran, `Calibration.checked_scale`), the API's time, the
+    fit error, the host's noise and speed, the TPOT spread where the queue stood, and the
+    drifts of the runs checked since the tune against that scale, and their noise (one
+    place, for `calibrated_scenario` and the benchmarks). Checks from before a retune
+    measured another step cost, and are left out."""
+    scale = calibration.checked_scale()
     return replace(
         scenario,
-        cost=calibration.cost(),
+        cost=calibration.cost().scaled(scale),
         api_s=calibration.request_s,
         residuals=(calibration.residual_low, calibration.residual_high),
         noise=tuple(calibration.noise),
         queued_tpot=tuple(calibration.queued_tpot),
         speed=tuple(calibration.speed),
-        drifts=tuple(c.drift for c in calibration.checks),
+        drifts=tuple(c.drift / scale for c in calibration.checks_since_tune()),
         noise_pools=tuple(tuple(c.noise) for c in calibration.checks if c.noise),
     )

@@ -168,7 +168,9 @@ def retune(
     say(f"the stored calibration's steps ran x{drift:.2f} as long in the new run")
     noise = noise_of(stored, made.requests, made.measured, drift)
     made_check = Check(at=time.time(), drift=drift, run="retune", noise=noise, queued=False)
-    return checked(tuned, made_check)  # (a tuning run never queued: `_tuned`)
+    # (a tuning run never queued: `_tuned`). Tuned after its check: the checks since the
+    # tune, which a prediction takes its scale from, are those of the new cost.
+    return checked(tuned, made_check).model_copy(update={"tuned_at": time.time()})
 
 
 def check(

@@ -211,6 +211,42 @@ def test_a_calibrated_scenario_keeps_what_was_measured() -> None:
     assert ttft == pytest.approx(cal.api_s + prefill, rel=0.006)
 
 
+def test_from_three_runs_checked_since_the_tune_a_prediction_is_at_their_scale() -> None:
+    """The runs after a calibration ran their steps at a level of its own (BQ-BZ: medians
+    x0.46 to x1.48): from three checks since the tune on, a prediction takes its step cost
+    at their geometric mean, and its interval draws its drift around that. Checks from
+    before the tune measured another cost and do not count."""
+    now = 1_000_000.0
+    cal = fit(*samples(), CONFIG).model_copy(
+        update={"target": "cpu", "fitted_at": now - 900, "tuned_at": now - 600}
+    )
+    lone = parse_settings(["prompt_tokens=64", "output_tokens=32", "num_requests=3"])
+
+    def ran(*drifts: float, at: float = now - 300) -> list[Check]:
+        return [Check(at=at + i, drift=d, run=f"latency run {i}") for i, d in enumerate(drifts)]
+
+    before = ran(2.0, 2.0, 2.0, at=now - 800)  # (checks of the cost before the tune)
+    two = cal.model_copy(update={"checks": [*before, *ran(1.3, 1.2)]})
+    assert two.checked_scale() == 1.0
+    as_fitted = calibrated_scenario(two, lone)
+    assert as_fitted.cost == cal.cost() and as_fitted.drifts == (1.3, 1.2)
+    assert "predicted at" not in two.describe(now)
+    three = cal.model_copy(update={"checks": [*before, *ran(1.3, 1.2, 1.25)]})
+    scale = (1.3 * 1.2 * 1.25) ** (1 / 3)
+    assert three.checked_scale() == pytest.approx(scale)
+    what = calibrated_scenario(three, lone)
+    assert what.cost == cal.cost().scaled(three.checked_scale())
+    # The drifts are against the cost so taken: centred on 1, spread as they were.
+    assert np.mean(np.log(what.drifts)) == pytest.approx(0, abs=1e-12)
+    assert what.drifts[0] / what.drifts[1] == pytest.approx(1.3 / 1.2)
+    assert f"predicted at x{scale:.2f} of this cost, as the 3 runs checked since" in (what.source)
+    # A lone request decodes at the scaled cost: its TPOT as many times as long.
+    tpot = predict(what, 0.1).tpot_s.p50
+    plain = predict(as_fitted, 0.1).tpot_s.p50
+    assert tpot is not None and plain is not None
+    assert tpot / plain == pytest.approx(scale, rel=0.01)
+
+
 def test_tuning_on_an_open_loop_run_finds_what_load_adds() -> None:
     quiet = fit(*samples(), CONFIG)
     rate = load_rate(quiet)

@@ -328,6 +328,15 @@ def test_a_retune_makes_only_the_open_loop_run_again_and_finds_the_slower_host(
     # With the host's noise of its run at that drift (this engine has none).
     noise = np.array(again.checks[0].noise)
     assert len(noise) >= 30 and np.abs(np.median(noise, axis=0)).max() < 0.003
+    # Tuned after that check: the checks since the tune, which a prediction takes its
+    # scale from, are the new cost's. Three runs that found the old cost 1.6 times short
+    # would otherwise scale the new one, which already has it, by 1.6 again.
+    assert again.tuned_at is not None and again.tuned_at >= again.checks[0].at
+    slow = [Check(at=time.time() - 30 + i, drift=1.6, run=f"latency run {i}") for i in range(3)]
+    drifted = cal.model_copy(update={"checks": slow, "tuned_at": time.time() - 60})
+    assert drifted.checked_scale() == pytest.approx(1.6)
+    retuned = calibration.retune(store, engine.run, drifted, CONFIG, engine.said.append)
+    assert not retuned.checks_since_tune() and retuned.checked_scale() == 1.0
 
 
 def test_a_later_latency_run_is_checked_against_the_calibration_once(
