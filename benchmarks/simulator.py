@@ -264,7 +264,8 @@ def calibrated_workload(
     workload: Workload,
 ) -> tuple[Scenario, float]:
     """A workload on the engine `config` as `cal` measured it, and its rate: the workload's
-    share of that scenario's capacity."""
+    share of the capacity at the cost as fitted (not at its checks' scale, which moves as
+    they come: a workload run again keeps its rate, and its requests)."""
     _, profile, share, arrival, cv, _ = workload
     base = Scenario(
         config=config,
@@ -276,7 +277,7 @@ def calibrated_workload(
         source="calibrated",
     )
     scenario = measured_by(base, cal)
-    return scenario, round(share * capacity_rps(scenario), 2)
+    return scenario, round(share * capacity_rps(replace(scenario, cost=cal.cost())), 2)
 
 
 def speed_as_run(
