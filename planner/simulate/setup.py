@@ -236,10 +236,10 @@ def calibrated_scenario(
 def measured_by(scenario: Scenario, calibration: Calibration) -> Scenario:
     """`scenario` with what `calibration` measured of its engine: the step cost (at the
     scale its checks since the tune ran, `Calibration.checked_scale`), the API's time, the
-    fit error, the host's noise and speed, the TPOT spread where the queue stood, and the
-    drifts of the runs checked since the tune against that scale, and their noise (one
-    place, for `calibrated_scenario` and the benchmarks). Checks from before a retune
-    measured another step cost, and are left out."""
+    fit error, the host's noise and speed, the TPOT spread where the queue stood, the
+    drifts of the runs checked since the tune against that scale (checks from before a
+    retune measured another cost), and later runs' host noise, whatever the cost (one
+    place, for `calibrated_scenario` and the benchmarks)."""
     scale = calibration.checked_scale()
     return replace(
         scenario,
