@@ -650,9 +650,10 @@ def _interval(values: list[float | None]) -> Interval | None:
 
 
 def sweep(scenario: Scenario, rates: list[float], seeds: int = 1) -> list[RatePoint]:
-    """Predictions at each rate (seed 0, the calibrated cost as fitted); with several seeds,
-    an 80 % interval on p99 TTFT and E2E from runs that each also draw the calibration
-    again (`redrawn`: its step cost's drift and its pools of the host's noise and speed)."""
+    """Predictions at each rate (seed 0, at the scenario's cost: a calibration's at its
+    checks' scale); with several seeds, an 80 % interval on p99 TTFT and E2E from runs that
+    each also draw the calibration again (`redrawn`: its step cost's drift and its pools of
+    the host's noise and speed)."""
     points = []
     capacity = capacity_rps(scenario)
     # (The same draws at every rate; seed 0 of a roofline, drawn as it is, is the prediction.)
