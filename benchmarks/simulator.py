@@ -171,12 +171,20 @@ def _met(key: str, pred: float | None, meas: float | None) -> bool:
     return err is not None and abs(err) <= TARGETS[key]
 
 
+def _unshown(key: str, meas: float | None, pred: float | None) -> bool:
+    """Preemptions where neither side had any: no row."""
+    return key == "preempt" and not meas and not pred
+
+
+def _whole_answers(key: str, m: dict[str, Any]) -> bool:
+    """The client's TPOT where its answers came whole (latency.bursts): not the engine's,
+    shown but not scored."""
+    return key == "tpot_p50" and bool(m.get("bursts"))
+
+
 def _counted(key: str, m: dict[str, Any], meas: float | None, pred: float | None) -> bool:
-    """Whether a figure is scored: not preemptions where neither side had any, not the
-    client's TPOT where its answers came whole (latency.bursts)."""
-    return not (key == "preempt" and not meas and not pred) and not (
-        key == "tpot_p50" and m.get("bursts")
-    )
+    """Whether a figure is scored."""
+    return not _unshown(key, meas, pred) and not _whole_answers(key, m)
 
 
 def met_count(m: dict[str, Any], p: Any) -> tuple[int, int]:
@@ -200,9 +208,9 @@ def score(
     `tally`, and each column's to its own in `tallies` where one is given."""
     columns = [None if other is None else _figures(m, other) for other in beside]
     for i, (label, key, meas, pred) in enumerate(_figures(m, p)):
-        if key == "preempt" and not meas and not pred:
+        if _unshown(key, meas, pred):
             continue
-        if not _counted(key, m, meas, pred):
+        if _whole_answers(key, m):
             # The client saw whole answers: its TPOT is not the engine's (latency.bursts).
             seen = Measurement.model_validate(m).engine
             engine = None if seen is None else seen.tpot.mean
@@ -344,7 +352,7 @@ def measure(
     # The host's noise and speed are drawn: the median of five draws on the run's requests.
     same = _drawn(scenario, rate, traffic)
     if centred is not None and (scale := cal.checked_scale()) != 1.0:
-        fitted = _drawn(replace(scenario, cost=scenario.cost.scaled(1 / scale)), rate, traffic)
+        fitted = _drawn(replace(scenario, cost=cal.cost()), rate, traffic)
         (plain, n), (at_scale, _) = met_count(run.summary, fitted), met_count(run.summary, same)
         for i, count in enumerate((plain, at_scale, n)):
             centred[i] += count
