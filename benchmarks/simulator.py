@@ -41,14 +41,7 @@ from planner.capacity import PlanRequest, plan_capacity
 from planner.gpus import get_gpu
 from planner.models import load_preset
 from planner.simulate import EngineConfig, EngineStats, SimRequest, StepCost, simulate
-from planner.simulate.calibrate import (
-    CALIBRATION_KEY,
-    Calibration,
-    LoadRun,
-    host_speed,
-    retune_hint,
-    tune,
-)
+from planner.simulate.calibrate import Calibration, LoadRun, host_speed, retune_hint, tune
 from planner.simulate.engine import HostSpeed
 from planner.simulate.roofline import roofline_cost
 from planner.simulate.setup import measured_by
@@ -123,13 +116,6 @@ def tune_figures(loaded: LoadRun, rate: float) -> tuple[float, float]:
     if loaded.tune_figures is None:
         raise SystemExit(f"the run at {rate:g} req/s had no request with two tokens to tune on")
     return loaded.tune_figures
-
-
-def stored(worker: Worker, cal: Calibration) -> None:
-    """`cal`, with its checks so far, stored as the engine's calibration (as `kvscope
-    simulate calibrate` stores one), so that a kept store reads as a user's would."""
-    key = CALIBRATION_KEY.format(injection.NAME)
-    q.put_state(worker.store, key, cal.model_dump(mode="json"))
 
 
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
@@ -530,7 +516,8 @@ def main() -> None:
             first = firsts[workload[0]]
             if first is not None and again is not None:
                 itself(workload[0], first, again, self_tally)
-        stored(worker, cal)
+        # Stored with its checks so far, as a user's is, so that a kept store reads as one.
+        calibration.save(worker.store, injection.NAME, cal)
     # The same engine with a KV cache small enough to preempt: its own start, the same fit.
     with injection.diag_worker(venv, ENGINE | SMALL_KV, keep=kept["small-kv"]) as (worker, request):
         for workload in WORKLOADS:

@@ -25,7 +25,7 @@ from planner.errors import InvalidInput
 from planner.gpus import get_gpu
 from planner.models import load_model
 from planner.simulate import roofline
-from planner.simulate.calibrate import CALIBRATION_KEY, Calibration, retune_hint
+from planner.simulate.calibrate import Calibration, retune_hint
 from planner.simulate.setup import SETTING_NAMES, calibrated_scenario, parse_settings, scenario
 from planner.simulate.whatif import (
     Prediction,
@@ -265,7 +265,7 @@ def calibrate(
             fitted = measurements.retune(store, run, stored, engine, say=say)
         else:
             fitted = measurements.calibrate_anew(store, run, engine, target, say=say)
-        q.put_state(store, CALIBRATION_KEY.format(target), fitted.model_dump(mode="json"))
+        measurements.save(store, target, fitted)
     finally:
         store.dispose()
     if hint := retune_hint(fitted, time.time()):  # (an unsteady host: said at once)

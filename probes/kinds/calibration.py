@@ -78,6 +78,11 @@ def stored(store: Engine, target: str) -> Calibration | None:
     return None if found is None else Calibration.model_validate(found[0])
 
 
+def save(store: Engine, target: str, calibration: Calibration) -> None:
+    """Store `calibration` as `target`'s (what `stored` reads), over any before it."""
+    q.put_state(store, CALIBRATION_KEY.format(target), calibration.model_dump(mode="json"))
+
+
 def quiet(store: Engine, run: RunProbe, engine: EngineConfig) -> tuple[Calibration, Sweep]:
     """The calibration's quiet fit (a batch sweep and lone requests measured through `run`),
     and the sweep it read."""

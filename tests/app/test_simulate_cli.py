@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 import app.cli
 from planner.errors import KvscopeError
-from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from planner.simulate.calibrate import fit
 from planner.simulate.whatif import traffic
 from planner.workload import Arrival
+from probes.kinds.calibration import save as save_calibration
 from storage import queries as q
 from tests.planner.test_calibrate import CONFIG, samples
 from tests.support.cli import kvscope
@@ -97,7 +98,7 @@ def test_a_calibrated_target_is_simulated_with_its_fitted_cost(
     cal = fit(decodes, prefills, CONFIG).model_copy(
         update={"target": "cpu", "fitted_at": time.time() - 3 * 3600}
     )
-    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    save_calibration(store, "cpu", cal)
     args = ("simulate", "--target", "cpu", "--rate", "2", "--set", "num_requests=200")
     res = kvscope(*args, "--set", "max_num_seqs=4", "--json", env_dir=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -126,7 +127,7 @@ def test_a_check_replays_the_newest_latency_run_since_the_tune_and_keeps_its_dri
     cal = fit(decodes, prefills, CONFIG).model_copy(
         update={"target": "cpu", "fitted_at": time.time() - 60, "tuned_at": time.time() - 60}
     )
-    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    save_calibration(store, "cpu", cal)
     none = kvscope("simulate", "check", "--target", "cpu", env_dir=tmp_path)
     assert none.returncode == 2 and "kvscope probe latency --target cpu" in none.stderr
     engine = FakeEngine(store)

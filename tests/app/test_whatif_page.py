@@ -12,10 +12,10 @@ from streamlit.testing.v1 import AppTest
 
 from app.charts import whatif as charts
 from planner.simulate import EngineConfig, StepCost
-from planner.simulate.calibrate import CALIBRATION_KEY, Check, fit
+from planner.simulate.calibrate import Check, fit
 from planner.simulate.whatif import Scenario, sweep
 from planner.workload import get_profile
-from storage import queries as q
+from probes.kinds.calibration import save as save_calibration
 from storage.settings import Settings
 from tests.planner.test_calibrate import CONFIG, samples
 
@@ -84,7 +84,7 @@ def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
     cal = fit(decodes, prefills, CONFIG).model_copy(
         update={"target": "cpu", "fitted_at": tuned, "tuned_at": tuned}
     )
-    q.put_state(store, CALIBRATION_KEY.format("cpu"), cal.model_dump(mode="json"))
+    save_calibration(store, "cpu", cal)
     at = _run(requests=200, count=3, low=5.0, high=40.0)
     at.selectbox(key="whatif_source").set_value("calibrated on cpu")
     at.run()
@@ -102,11 +102,7 @@ def test_a_stored_calibration_is_a_step_cost_to_choose(store: Engine) -> None:
     runs = [(1.05, [], True), (0.92, noisy, False), (1.18, quiet, None)]
     ran = [Check(at=tuned + 60 * i, drift=d, run=f"latency run {i}", noise=noise, queued=full)
            for i, (d, noise, full) in enumerate(runs)]  # fmt: skip
-    q.put_state(
-        store,
-        CALIBRATION_KEY.format("cpu"),
-        cal.model_copy(update={"checks": ran}).model_dump(mode="json"),
-    )
+    save_calibration(store, "cpu", cal.model_copy(update={"checks": ran}))
     st.cache_data.clear()  # (the page keeps its calibrations 10 s)
     at.run()
     assert not at.exception

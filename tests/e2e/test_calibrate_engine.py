@@ -11,6 +11,7 @@ import pytest
 
 from planner.simulate.calibrate import CALIBRATION_KEY, LOAD_PARAMS, Calibration, fit
 from probes.engine.spec import engine_config, parse_spec
+from probes.kinds.calibration import save as save_calibration
 from storage import queries as q
 from storage.settings import Settings
 from tests.e2e.conftest import LiveWorker
@@ -33,7 +34,7 @@ def test_a_retune_measures_the_engine_again_and_keeps_the_quiet_fit(
     stored = fit(decodes, prefills, config).model_copy(
         update={"target": "embedded", "fitted_at": old, "tuned_at": old, "tuned_rate": 2.0}
     )
-    q.put_state(store, CALIBRATION_KEY.format("embedded"), stored.model_dump(mode="json"))
+    save_calibration(store, "embedded", stored)
     stale = kvscope(
         "simulate", "--target", "embedded", "--rate", "1", "--set", "num_requests=50",
         env_dir=e2e_settings.data_dir,

@@ -14,9 +14,10 @@ import pytest
 
 from planner.errors import InvalidInput
 from planner.simulate import whatif
-from planner.simulate.calibrate import CALIBRATION_KEY, fit
+from planner.simulate.calibrate import fit
 from probes.kinds import capacity, get_kind, latency, parse_params
 from probes.kinds.batch_sweep import Step, find_knee, past_knee
+from probes.kinds.calibration import save as save_calibration
 from probes.kinds.context import ProbeContext, ProbeResult, SamplePoint
 from probes.kinds.kv_usage import message, trend
 from probes.kinds.oom import classify, kv_bound_wait, ran_together
@@ -408,7 +409,7 @@ def test_the_worker_guides_a_capacity_run_by_the_targets_stored_calibration(
         w = Worker(settings)
         calibrated = q.add_target(w.store, q.parse_target({"name": "c", "base_url": fake.url}))
         bare = q.add_target(w.store, q.parse_target({"name": "b", "base_url": fake.url}))
-        q.put_state(w.store, CALIBRATION_KEY.format("c"), fitted.model_dump(mode="json"))
+        save_calibration(w.store, "c", fitted)
         runs = [q.request_run(w.store, "capacity", raw, t.id) for t in (calibrated, bare)]
         end = time.monotonic() + 120
         while time.monotonic() < end and any(

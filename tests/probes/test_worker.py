@@ -13,7 +13,7 @@ import pytest
 
 from planner.errors import InvalidInput, KvscopeError
 from planner.simulate import SimRequest, simulate
-from planner.simulate.calibrate import CALIBRATION_KEY, LoadRun, fit
+from planner.simulate.calibrate import LoadRun, fit
 from probes.kinds import calibration
 from probes.worker import Worker, scraping
 from storage import derived as d
@@ -368,7 +368,7 @@ def test_a_latency_run_on_a_calibrated_target_is_checked_against_its_calibration
     with serve_openai(FakeConfig(ttft_s=0.005, itl_s=0.004)) as fake:
         tid = _add(worker, "cal", fake.url)
         plain = _add(worker, "plain", fake.url)
-        q.put_state(worker.store, CALIBRATION_KEY.format("cal"), cal.model_dump(mode="json"))
+        calibration.save(worker.store, "cal", cal)
         runs = [q.request_run(worker.store, "latency", params, target_id=t) for t in (tid, plain)]
         worker.start()
 
