@@ -239,7 +239,7 @@ def test_from_three_runs_checked_since_the_tune_a_prediction_is_at_their_scale()
     # The drifts are against the cost so taken: centred on 1, spread as they were.
     assert np.mean(np.log(what.drifts)) == pytest.approx(0, abs=1e-12)
     assert what.drifts[0] / what.drifts[1] == pytest.approx(1.3 / 1.2)
-    assert f"predicted at x{scale:.2f} of this cost, as the 3 runs checked since" in (what.source)
+    assert f"predicted at x{scale:.2f} of this cost, as the 3 runs checked since" in what.source
     # A lone request decodes at the scaled cost: its TPOT as many times as long.
     tpot = predict(what, 0.1).tpot_s.p50
     plain = predict(as_fitted, 0.1).tpot_s.p50
