@@ -65,6 +65,7 @@ bench: install engine-env
 	$(BIN)/python -m benchmarks.burst_preemptions
 	$(BIN)/python -m benchmarks.burst_arrivals
 	$(BIN)/python -m benchmarks.arrival_steps
+	$(BIN)/python -m benchmarks.slow_drain
 	$(BIN)/python -m benchmarks.small_kv_tune
 	$(BIN)/python -m benchmarks.capacity_search
 

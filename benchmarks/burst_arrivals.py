@@ -32,6 +32,7 @@ from benchmarks.simulator import (
     Workload,
     calibrate,
     calibrated_workload,
+    run_workload,
     started_config,
 )
 from planner.simulate import SimRequest, simulate
@@ -53,13 +54,7 @@ def _run(worker: Worker, request: injection.Request, workload: Workload, rate: f
          seed: int) -> tuple[list[SimRequest], np.ndarray]:  # fmt: skip
     """One latency run: its answered requests as traffic to replay, by send time, and
     their measured TTFTs in the same order."""
-    _, profile, _, arrival, cv, _ = workload
-    run = request(
-        "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=40.0,
-        arrival=arrival, cv=cv, profile=profile, request_timeout_s=300, seed=seed,
-    )  # fmt: skip
-    if run.status != "done":
-        raise SystemExit(f"the run at {rate:g} req/s ended {run.status}: {run.error}")
+    run = run_workload(request, workload, rate, seed)
     traffic = replay(q.replayable(worker.store, run.id))
     ttft = np.array([t for t, _ in q.replayed_latencies(worker.store, run.id)])
     return traffic, ttft

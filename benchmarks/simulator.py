@@ -61,6 +61,7 @@ from probes.kinds import calibration
 from probes.kinds.latency import Measurement
 from probes.worker import Worker
 from storage import queries as q
+from storage.schemas import RunRow
 from tests.support import injection
 
 # The engine: the embedded CPU engine with 8 slots, chunked prefill in 512-token chunks.
@@ -116,6 +117,21 @@ def tune_figures(loaded: LoadRun, rate: float) -> tuple[float, float]:
     if loaded.tune_figures is None:
         raise SystemExit(f"the run at {rate:g} req/s had no request with two tokens to tune on")
     return loaded.tune_figures
+
+
+def run_workload(
+    request: injection.Request, workload: Workload, rate: float, seed: int, duration_s: float = 40.0
+) -> RunRow:
+    """One latency run of `workload` at `rate` on the benchmark's engine, its prompts and
+    send times drawn with `seed`; stops the benchmark, saying why, when it does not end done."""
+    _, profile, _, arrival, cv, _ = workload
+    run = request(
+        "latency", target=injection.NAME, timeout=1200, rate=rate, duration_s=duration_s,
+        arrival=arrival, cv=cv, profile=profile, request_timeout_s=300, seed=seed,
+    )  # fmt: skip
+    if run.status != "done":
+        raise SystemExit(f"{workload[0]} at {rate:g} req/s ended {run.status}: {run.error}")
+    return run
 
 
 def calibrate(worker: Worker, request: injection.Request) -> Calibration:
@@ -336,9 +352,9 @@ def measure(
         return None, cal
     traffic = replay(q.replayable(worker.store, run.id))
     # The host's noise and speed are drawn: the median of five draws on the run's requests.
-    same = _drawn(scenario, rate, traffic)
+    same = drawn(scenario, rate, traffic)
     if centred is not None and (scale := cal.checked_scale()) != 1.0:
-        fitted = _drawn(replace(scenario, cost=cal.cost()), rate, traffic)
+        fitted = drawn(replace(scenario, cost=cal.cost()), rate, traffic)
         (plain, n), (at_scale, _) = met_count(run.summary, fitted), met_count(run.summary, same)
         for i, count in enumerate((plain, at_scale, n)):
             centred[i] += count
@@ -356,8 +372,8 @@ def measure(
     measured = q.replayed_latencies(worker.store, run.id)
     as_run = speed_as_run(traffic, scenario.config, own.cost(), measured)
     tuned = replace(scenario, cost=own.cost(), api_s=own.request_s, speed=())
-    mine = _drawn(tuned, rate, traffic, as_run)
-    recent = None if again is None else _drawn(measured_by(scenario, again), rate, traffic)
+    mine = drawn(tuned, rate, traffic, as_run)
+    recent = None if again is None else drawn(measured_by(scenario, again), rate, traffic)
     sized = replace(scenario, requests=len(traffic))
     fit_only = sweep(replace(sized, drifts=()), [rate], seeds=19)[0]
     checked = sweep(sized, [rate], seeds=19)[0] if len(sized.drifts) >= MIN_CHECKS else None
@@ -371,13 +387,13 @@ def measure(
     return run.summary, cal
 
 
-def _drawn(
+def drawn(
     scenario: Scenario, rate: float, traffic: list[SimRequest], speed: HostSpeed | None = None
 ) -> _Summary:
     """Each figure's median over SEEDS draws of the host on the run's own requests (with
     `speed`, at that speed window by window; the host's noise still drawn)."""
-    drawn = [predict(scenario, rate, seed, requests=traffic, speed=speed) for seed in SEEDS]
-    return _Summary(_medians(drawn))
+    draws = [predict(scenario, rate, seed, requests=traffic, speed=speed) for seed in SEEDS]
+    return _Summary(_medians(draws))
 
 
 def itself(name: str, first: dict[str, Any], again: dict[str, Any], tally: list[int]) -> None:

@@ -1,0 +1,185 @@
+"""A slow drain, made on purpose: the calibration's run past the knee with the host slowed
+from its last send to its end (a spinning process on each core, as another tenant's burst
+on a shared host), so that its drain runs slower than its arrivals. Three calibrations of
+one engine, each on it restarted (an empty prefix cache, no matmul plan kept):
+
+- slowed, with the retry turned off: the full batch's cost as the slow drain leaves it;
+- slowed, as kvscope calibrates (`UNSTEADY_DRAIN`: a drain more than 10 % slower than its
+  arrivals is made again with prompts of its own, the faster kept);
+- not slowed, the control.
+
+Each is followed by one workload past the knee (1.25 times its capacity), measured on the
+engine with nothing slowed and predicted by that calibration, as a user's next run: how
+far a slow drain moves the prediction, and whether the retry takes it back. (Each is
+scored against a run of its own: this host's speed moves by half between calibrations
+minutes apart, so one run replayed through all three measured that, not the drain.)
+Prints each calibration's reading of its drain, its full batch's cost a sequence and its
+capacity, then the figures.
+
+    .venv/bin/python -m benchmarks.slow_drain            # ~25 min
+    .venv/bin/python -m benchmarks.slow_drain --hogs 8   # slower still
+    .venv/bin/python -m benchmarks.slow_drain --keep F   # and keep the store in F
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from benchmarks.simulator import (
+    ENGINE,
+    WORKLOADS,
+    calibrated_workload,
+    drawn,
+    run_workload,
+    score,
+    started_config,
+)
+from planner.simulate.calibrate import SATURATED_PARAMS, Calibration
+from planner.simulate.whatif import capacity_rps, replay
+from probes.kinds import calibration
+from probes.worker import Worker
+from storage import queries as q
+from storage.schemas import RunRow
+from tests.support import injection
+
+# The hogs start this long after the run's last send is due (its first answer plus its
+# arrivals' duration): the drain alone is slowed.
+AFTER_LAST_SEND_S = 1.0
+ABOVE_THE_KNEE = WORKLOADS[1]
+
+
+@contextmanager
+def spinning(hogs: int) -> Iterator[None]:
+    """`hogs` processes spinning on the CPU while inside; killed by PID after."""
+    spun = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(hogs)
+    ]
+    try:
+        yield
+    finally:
+        for hog in spun:
+            hog.kill()
+            hog.wait(timeout=10)
+
+
+def _ended(row: RunRow) -> bool:
+    return row.status not in ("queued", "running")
+
+
+def _until(worker: Worker, run_id: int, done: Callable[[RunRow], bool]) -> RunRow:
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        row = q.get_run(worker.store, run_id)
+        if done(row):
+            return row
+        time.sleep(0.2)
+    raise SystemExit(f"run {run_id} did not end in 900 s")
+
+
+def drain_slowed(worker: Worker, hogs: int) -> calibration.RunProbe:
+    """Runs one probe of a calibration on the benchmark's engine and waits for it, the run
+    past the knee (its seed; not the retry's, which has prompts of its own) with `hogs`
+    spinning from its last send to its end."""
+    target = q.get_target(worker.store, injection.NAME).id
+
+    def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        queued = q.request_run(worker.store, kind, dict(params), target_id=target)
+        slowed = kind == "latency" and params.get("seed") == SATURATED_PARAMS["seed"]
+        if slowed and hogs:
+            # Its prompts are built first (seconds); the first answer stored (its progress
+            # above 0) comes a request's time after its first send.
+            _until(worker, queued.id, lambda r: r.progress > 0 or _ended(r))
+            time.sleep(float(params["duration_s"]) + AFTER_LAST_SEND_S)
+            with spinning(hogs):
+                row = _until(worker, queued.id, _ended)
+        else:
+            row = _until(worker, queued.id, _ended)
+        if row.status != "done":
+            raise SystemExit(f"the calibration's {kind} ended {row.status}: {row.error}")
+        return row.id, row.summary
+
+    return run
+
+
+def calibrated(
+    worker: Worker, request: injection.Request, name: str, hogs: int, restart: bool = True
+) -> Calibration:
+    """A calibration of the engine (restarted first unless just started: each calibration
+    meets neither a prefix nor a matmul plan of the one before), its drain slowed by `hogs`
+    (none: not)."""
+    if restart:
+        restarted = request("engine_restart", name=injection.NAME)
+        if restarted.status != "done":
+            raise SystemExit(f"the engine did not restart: {restarted.error}")
+        injection.wait_serving(worker)
+    print(f"\n## {name}", flush=True)
+    cal = calibration.calibrate(
+        worker.store,
+        drain_slowed(worker, hogs),
+        started_config(worker),
+        say=lambda line: print(f"- {line}", flush=True),
+    )
+    scenario, _ = calibrated_workload(started_config(worker), cal, ABOVE_THE_KNEE)
+    print(
+        f"- a full batch's cost a sequence {cal.load_seq_s * 1e6:+.0f} us a step; each arrival "
+        f"{cal.arrival_s * 1000:.2f} ms; capacity {capacity_rps(scenario):.2f} req/s",
+        flush=True,
+    )
+    return cal
+
+
+def predicted_next(
+    worker: Worker, request: injection.Request, name: str, cal: Calibration, seed: int
+) -> tuple[int, int]:
+    """The workload past the knee (1.25 times `cal`'s capacity, its traffic drawn with
+    `seed`) measured on the engine with nothing slowed and predicted by `cal`, the figures
+    printed; (met, scored)."""
+    config = started_config(worker)
+    scenario, rate = calibrated_workload(config, cal, ABOVE_THE_KNEE)
+    run = run_workload(request, ABOVE_THE_KNEE, rate, seed)
+    traffic = replay(q.replayable(worker.store, run.id))
+    tally = [0, 0]
+    score(name, f"{rate:g}", run.summary, drawn(scenario, rate, traffic), tally)
+    return tally[0], tally[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    hogs = "spinning processes in the slowed drain (default: two a core)"
+    parser.add_argument("--hogs", type=int, default=2 * (os.cpu_count() or 2), help=hogs)
+    seed = "the measured workloads' traffic (default: from the clock)"
+    parser.add_argument("--seed", type=int, default=time.time_ns() % 2**31, help=seed)
+    parser.add_argument("--keep", type=Path, help="copy the store to this file afterwards")
+    args = parser.parse_args()
+    print(f"{args.hogs} spinning processes in a slowed drain; traffic seed {args.seed} (i-th: +i)")
+    venv = Path(__file__).resolve().parents[1] / ".engine-venv"
+    keep = args.keep.resolve() if args.keep else None
+    trials = [
+        ("slowed, the retry turned off", args.hogs, 1.0),  # (a drain never made again)
+        ("slowed, as kvscope calibrates", args.hogs, calibration.UNSTEADY_DRAIN),
+        ("not slowed", 0, calibration.UNSTEADY_DRAIN),
+    ]
+    met: dict[str, tuple[int, int]] = {}
+    engine = injection.diag_worker(venv, dict(ENGINE), keep=keep)
+    with engine as (worker, request):
+        for i, (name, hogs, unsteady) in enumerate(trials):
+            with mock.patch.object(calibration, "UNSTEADY_DRAIN", unsteady):
+                cal = calibrated(worker, request, name, hogs, restart=i > 0)
+            print("\n| calibration | rate/s | figure | measured | predicted | error | target "
+                  "| met |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+            met[name] = predicted_next(worker, request, name, cal, args.seed + i)
+    print("\nfigures met: " + ", ".join(f"{name} {m}/{n}" for name, (m, n) in met.items()))
+
+
+if __name__ == "__main__":
+    main()
