@@ -1,6 +1,6 @@
 """A slow drain, made on purpose: the calibration's run past the knee with the host slowed
-from its last send to its end (a spinning process on each core, as another tenant's burst
-on a shared host), so that its drain runs slower than its arrivals. Three calibrations of
+from its last send to its end (spinning processes, two a core, as another tenant's burst on
+a shared host), so that its drain runs slower than its arrivals. Three calibrations of
 one engine, each on it restarted (an empty prefix cache, no matmul plan kept):
 
 - slowed, with the retry turned off: the full batch's cost as the slow drain leaves it;
