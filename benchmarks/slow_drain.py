@@ -25,11 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -39,6 +35,7 @@ from benchmarks.simulator import (
     WORKLOADS,
     calibrated_workload,
     drawn,
+    probe_runner,
     run_workload,
     score,
     started_config,
@@ -48,8 +45,9 @@ from planner.simulate.whatif import capacity_rps, replay
 from probes.kinds import calibration
 from probes.worker import Worker
 from storage import queries as q
-from storage.schemas import RunRow
 from tests.support import injection
+from tests.support.hog import spinning
+from tests.support.waiting import ended, wait_ended, wait_until
 
 # The hogs start this long after the run's last send is due (its first stored answer plus
 # its arrivals' duration): the drain alone is slowed. The progress is stored at most once a
@@ -59,53 +57,28 @@ AFTER_LAST_SEND_S = 0.3
 ABOVE_THE_KNEE = WORKLOADS[1]
 
 
-@contextmanager
-def spinning(hogs: int) -> Iterator[None]:
-    """`hogs` processes spinning on the CPU while inside; killed by PID after."""
-    spun = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(hogs)
-    ]
-    try:
-        yield
-    finally:
-        for hog in spun:
-            hog.kill()
-            hog.wait(timeout=10)
-
-
-def _ended(row: RunRow) -> bool:
-    return row.status not in ("queued", "running")
-
-
-def _until(worker: Worker, run_id: int, done: Callable[[RunRow], bool]) -> RunRow:
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        row = q.get_run(worker.store, run_id)
-        if done(row):
-            return row
-        time.sleep(0.2)
-    raise SystemExit(f"run {run_id} did not end in 900 s")
-
-
-def drain_slowed(worker: Worker, hogs: int) -> calibration.RunProbe:
+def drain_slowed(worker: Worker, request: injection.Request, hogs: int) -> calibration.RunProbe:
     """Runs one probe of a calibration on the benchmark's engine and waits for it, the run
     past the knee (its seed; not the retry's, which has prompts of its own) with `hogs`
     spinning from its last send to its end."""
+    plain = probe_runner(request, "the calibration's")
     target = q.get_target(worker.store, injection.NAME).id
 
     def run(kind: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        queued = q.request_run(worker.store, kind, dict(params), target_id=target)
-        slowed = kind == "latency" and params.get("seed") == SATURATED_PARAMS["seed"]
-        if slowed and hogs:
-            # Its prompts are built first (seconds); the first answer stored (its progress
-            # above 0) comes a request's time after its first send.
-            _until(worker, queued.id, lambda r: r.progress > 0 or _ended(r))
-            time.sleep(float(params["duration_s"]) + AFTER_LAST_SEND_S)
-            with spinning(hogs):
-                row = _until(worker, queued.id, _ended)
-        else:
-            row = _until(worker, queued.id, _ended)
+        if not (hogs and kind == "latency" and params.get("seed") == SATURATED_PARAMS["seed"]):
+            return plain(kind, params)
+        run_id = q.request_run(worker.store, kind, dict(params), target_id=target).id
+
+        def answered() -> bool:
+            row = q.get_run(worker.store, run_id)
+            return row.progress > 0 or ended(row)
+
+        # Its prompts are built first (seconds); the first answer stored (its progress above
+        # 0) comes a request's time after its first send.
+        wait_until(answered, timeout=900, what="the run past the knee's first answer")
+        time.sleep(float(params["duration_s"]) + AFTER_LAST_SEND_S)
+        with spinning(hogs):
+            row = wait_ended(worker.store, run_id, timeout=900)
         if row.status != "done":
             raise SystemExit(f"the calibration's {kind} ended {row.status}: {row.error}")
         return row.id, row.summary
@@ -125,13 +98,14 @@ def calibrated(
             raise SystemExit(f"the engine did not restart: {restarted.error}")
         injection.wait_serving(worker)
     print(f"\n## {name}", flush=True)
+    config = started_config(worker)
     cal = calibration.calibrate(
         worker.store,
-        drain_slowed(worker, hogs),
-        started_config(worker),
+        drain_slowed(worker, request, hogs),
+        config,
         say=lambda line: print(f"- {line}", flush=True),
     )
-    scenario, _ = calibrated_workload(started_config(worker), cal, ABOVE_THE_KNEE)
+    scenario, _ = calibrated_workload(config, cal, ABOVE_THE_KNEE)
     print(
         f"- a full batch's cost a sequence {cal.load_seq_s * 1e6:+.0f} us a step; each arrival "
         f"{cal.arrival_s * 1000:.2f} ms; capacity {capacity_rps(scenario):.2f} req/s",

@@ -6,17 +6,15 @@ tests/support/postgres.py). `KVSCOPE_TEST_BACKENDS=sqlite` runs them on SQLite o
 of something only SQLite has is marked `sqlite_only`.
 
 `KVSCOPE_TEST_CPU_HOG=N` keeps N cores busy with spinning processes for the whole session
-(stopped by PID at its end), so the suite is run as CI's shared machine runs it. Each runs
-in a session of its own, as a stranger's load does: where the kernel schedules sessions as
-groups, one in the suite's would count as the worker's own (a managed CPU engine is niced
-below the worker and everything in its session).
+(stopped by PID at its end; tests/support/hog.py), so the suite is run as CI's shared
+machine runs it. Each runs in a session of its own: one in the suite's would count as the
+worker's own (a managed CPU engine is niced below the worker and everything in its session).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from sqlalchemy import Engine
 
 from storage.db import open_store
 from storage.settings import Settings
+from tests.support import hog
 from tests.support.postgres import Cluster, start_cluster
 
 _HOGS: list[subprocess.Popen[bytes]] = []
@@ -46,15 +45,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     raw = os.environ.get("KVSCOPE_TEST_CPU_HOG", "0").strip() or "0"
     if not raw.isdigit():
         raise pytest.UsageError(f"KVSCOPE_TEST_CPU_HOG must be a number of cores, not {raw!r}")
-    for _ in range(int(raw)):
-        hog = [sys.executable, "-c", "while True: pass"]
-        _HOGS.append(subprocess.Popen(hog, start_new_session=True))
+    _HOGS.extend(hog.spin(int(raw)))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for hog in _HOGS:
-        hog.kill()
-        hog.wait(timeout=10)
+    hog.stop(_HOGS)
     _HOGS.clear()
 
 

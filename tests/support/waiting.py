@@ -35,11 +35,20 @@ def queue_and_wait(
 ) -> RunRow:
     """Queue a work row (against a target, by name) and wait until the worker has ended it."""
     tid = q.get_target(store, target).id if target else None
-    run = q.request_run(store, kind, dict(params), target_id=tid)
+    return wait_ended(store, q.request_run(store, kind, dict(params), target_id=tid).id, timeout)
+
+
+def ended(run: RunRow) -> bool:
+    """Whether the worker has ended a work row (done, failed or cancelled)."""
+    return run.status not in ("queued", "running")
+
+
+def wait_ended(store: Engine, run_id: int, timeout: float) -> RunRow:
+    """Wait until the worker has ended the work row `run_id`."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        run = q.get_run(store, run.id)
-        if run.status not in ("queued", "running"):
+        run = q.get_run(store, run_id)
+        if ended(run):
             return run
         time.sleep(0.5)
-    raise AssertionError(f"{kind} did not finish in {timeout} s")
+    raise AssertionError(f"{q.get_run(store, run_id).kind} did not finish in {timeout} s")
