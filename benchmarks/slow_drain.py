@@ -137,6 +137,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=time.time_ns() % 2**31, help=seed)
     parser.add_argument("--keep", type=Path, help="copy the store to this file afterwards")
     args = parser.parse_args()
+    if args.hogs < 1:
+        parser.error(
+            f"--hogs must be at least 1 (a drain slowed by nothing is the control), not {args.hogs}"
+        )
     print(f"{args.hogs} spinning processes in a slowed drain; traffic seed {args.seed} (i-th: +i)")
     venv = Path(__file__).resolve().parents[1] / ".engine-venv"
     keep = args.keep.resolve() if args.keep else None
